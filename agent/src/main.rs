@@ -1,6 +1,104 @@
-static OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ember"));
-fn main() {
-    let mut bpf = aya::Ebpf::load(OBJ).unwrap();
-    for (n, _) in bpf.programs() { println!("{n}"); }
-    let _ = &mut bpf;
+//! ember-agent: an eBPF continuous profiler. `run` profiles the host continuously and writes
+//! one profile per interval; `record` profiles once and writes one profile.
+mod bpf_stats;
+mod cgroups;
+mod collect;
+mod config;
+mod daemon;
+mod output;
+mod pipeline;
+mod pprof;
+mod preflight;
+mod procs;
+mod record;
+mod resolve;
+mod sampler;
+mod symbolize;
+mod views;
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::sampler::Event;
+
+#[derive(Parser)]
+#[command(name = "ember-agent", version, about = "Ember: low-overhead eBPF continuous profiler")]
+struct Cli {
+    /// Log format.
+    #[arg(long, global = true, default_value = "human", value_parser = ["human", "json"])]
+    log_format: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Profile the host continuously, writing one profile per interval.
+    Run(daemon::RunArgs),
+    /// Profile once for a fixed time and write one profile.
+    Record(record::RecordArgs),
+}
+
+/// Sampling options shared by `run` and `record`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct SamplingArgs {
+    /// Samples per second per CPU [run: 19, record: 99].
+    #[arg(short = 'F', long)]
+    frequency: Option<u64>,
+    /// Perf event that triggers sampling [default: cpu-clock].
+    #[arg(long, value_enum)]
+    event: Option<Event>,
+    /// Only profile this process (repeat for several).
+    #[arg(short, long = "pid")]
+    pids: Vec<u32>,
+    /// Only profile this cgroup (path, absolute or relative to the cgroup2 mount).
+    #[arg(long)]
+    cgroup: Option<String>,
+    /// Distinct (thread, stack) keys kept per interval; samples beyond are counted as lost.
+    #[arg(long)]
+    max_keys: Option<u32>,
+    /// Distinct stacks kept per interval.
+    #[arg(long)]
+    max_stacks: Option<u32>,
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("starting the tokio runtime");
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => daemon::run(args).await,
+            Command::Record(args) => record::record(args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // One line: what happened and, where we know it, what to do.
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Default output directory of the daemon when neither config nor flags name one.
+pub fn default_output_dir() -> PathBuf {
+    PathBuf::from("ember-profiles")
 }

@@ -1,0 +1,90 @@
+//! Configuration: a TOML file, overridden by command-line flags. Unknown keys are errors, so
+//! a typo never silently falls back to a default.
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::{bail, Context as _, Result};
+use serde::Deserialize;
+
+use crate::sampler::Event;
+
+pub const DEFAULT_DAEMON_FREQUENCY: u64 = 19;
+pub const DEFAULT_RECORD_FREQUENCY: u64 = 99;
+pub const DEFAULT_MAX_KEYS: u32 = 10_240;
+pub const DEFAULT_MAX_STACKS: u32 = 8_192;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub frequency: Option<u64>,
+    pub event: Option<Event>,
+    pub interval: Option<String>,
+    pub output_dir: Option<PathBuf>,
+    pub flamegraphs: Option<bool>,
+    pub max_keys: Option<u32>,
+    pub max_stacks: Option<u32>,
+    pub pids: Option<Vec<u32>>,
+    pub cgroup: Option<String>,
+}
+
+impl FileConfig {
+    pub fn load(path: &std::path::Path) -> Result<FileConfig> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading config {}", path.display()))?;
+        toml::from_str(&text).map_err(|e| {
+            // toml's message spans lines; keep the one-line promise.
+            let message = e.message().replace('\n', " ");
+            let line = e.span().map(|s| text[..s.start].lines().count().max(1));
+            anyhow::anyhow!("config {} line {}: {message}", path.display(), line.unwrap_or(0))
+        })
+    }
+}
+
+/// Parses "10s", "500ms", "2m", "1h" (a bare number is seconds).
+pub fn parse_duration(text: &str) -> Result<Duration> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number.parse().with_context(|| format!("invalid duration {text:?}: expected e.g. 10s, 500ms, 2m"))?;
+    let seconds = match unit.trim() {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        other => bail!("invalid duration {text:?}: unknown unit {other:?} (use ms, s, m or h)"),
+    };
+    if !(seconds > 0.0 && seconds.is_finite()) {
+        bail!("invalid duration {text:?}: must be positive");
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units_and_reject_garbage() {
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
+        assert!(parse_duration("10 parsecs").is_err());
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn unknown_config_keys_are_one_line_errors() {
+        let dir = std::env::temp_dir().join(format!("ember-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("agent.toml");
+        std::fs::write(&path, "frequency = 99\nfrequncy = 3\n").unwrap();
+        let error = FileConfig::load(&path).unwrap_err().to_string();
+        assert!(error.contains("line 2") && error.contains("frequncy"), "{error}");
+        assert!(!error.contains('\n'), "{error}");
+        std::fs::write(&path, "frequency = 99\nevent = \"cpu-clock\"\ninterval = \"5s\"\n").unwrap();
+        let config = FileConfig::load(&path).unwrap();
+        assert_eq!(config.frequency, Some(99));
+        assert_eq!(config.event, Some(Event::CpuClock));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

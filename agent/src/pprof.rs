@@ -1,0 +1,197 @@
+//! Encode: builds the pprof profile of one interval, the unit that leaves the agent.
+//! Locations, functions and mappings are deduplicated; identical samples (same stack and
+//! labels) are merged. User locations are keyed by binary + file offset, so the same code in
+//! different processes shares one location.
+use std::{collections::HashMap, io::Write, time::UNIX_EPOCH};
+
+use agent_common::counter;
+use ember_proto::pprof::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
+use flate2::{write::GzEncoder, Compression};
+
+use crate::{
+    procs::UserAddress,
+    resolve::{ResolvedInterval, Site},
+    symbolize::{Frame, Symbolizer},
+};
+
+/// Name of the mapping that holds kernel frames (as perf names it).
+pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
+
+/// Counter names as written in profile comments ("ember.counter.<name>=<value>").
+pub const COUNTER_NAMES: [(u32, &str); counter::COUNT as usize] = [
+    (counter::SAMPLES, "samples"),
+    (counter::MAP_FULL, "map_full"),
+    (counter::USER_STACK_COLLISION, "user_stack_collision"),
+    (counter::KERNEL_STACK_COLLISION, "kernel_stack_collision"),
+    (counter::USER_STACK_ERROR, "user_stack_error"),
+    (counter::KERNEL_STACK_ERROR, "kernel_stack_error"),
+    (counter::PROCESS_EVENT_LOST, "process_event_lost"),
+    (counter::IDLE, "idle"),
+    (counter::FILTERED, "filtered"),
+];
+
+pub struct ProfileInfo<'a> {
+    pub event: &'a str,
+    pub frequency: u64,
+}
+
+#[derive(Hash, PartialEq, Eq)]
+enum LocationKey {
+    User((u64, u64), u64),
+    Special(String, u64),
+    Unmapped(u64),
+    Kernel(u64),
+    Marker(&'static str),
+}
+
+#[derive(Default)]
+struct Builder {
+    profile: Profile,
+    strings: HashMap<String, i64>,
+    functions: HashMap<(String, String), u64>,
+    locations: HashMap<LocationKey, u64>,
+    mappings: HashMap<String, u64>,
+    samples: HashMap<(Vec<u64>, Vec<(i64, i64, i64)>), usize>,
+}
+
+impl Builder {
+    fn string(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.strings.get(s) {
+            return i;
+        }
+        let i = self.profile.string_table.len() as i64;
+        self.profile.string_table.push(s.to_string());
+        self.strings.insert(s.to_string(), i);
+        i
+    }
+
+    fn function(&mut self, frame: &Frame) -> u64 {
+        let key = (frame.function.clone(), frame.file.clone());
+        if let Some(&id) = self.functions.get(&key) {
+            return id;
+        }
+        let id = self.profile.function.len() as u64 + 1;
+        let (name, filename) = (self.string(&frame.function), self.string(&frame.file));
+        self.profile.function.push(Function { id, name, system_name: name, filename, start_line: 0 });
+        self.functions.insert(key, id);
+        id
+    }
+
+    fn mapping(&mut self, filename: &str, build_id: Option<&str>, start: u64, limit: u64) -> u64 {
+        if let Some(&id) = self.mappings.get(filename) {
+            return id;
+        }
+        let id = self.profile.mapping.len() as u64 + 1;
+        let (name, build_id) = (self.string(filename), self.string(build_id.unwrap_or("")));
+        self.profile.mapping.push(Mapping {
+            id,
+            memory_start: start,
+            memory_limit: limit,
+            file_offset: 0,
+            filename: name,
+            build_id,
+            has_functions: true,
+            has_filenames: true,
+            has_line_numbers: true,
+            has_inline_frames: true,
+        });
+        self.mappings.insert(filename.to_string(), id);
+        id
+    }
+
+    fn location(&mut self, site: &Site, symbols: &Symbolizer) -> u64 {
+        let key = match site {
+            Site::User(UserAddress::File { binary, file_offset }) => LocationKey::User(binary.id, *file_offset),
+            Site::User(UserAddress::Special { name, offset }) => LocationKey::Special(name.clone(), *offset),
+            Site::User(UserAddress::Unmapped(addr)) => LocationKey::Unmapped(*addr),
+            Site::Kernel(addr) => LocationKey::Kernel(*addr),
+            Site::Marker(marker) => LocationKey::Marker(marker.label()),
+        };
+        if let Some(&id) = self.locations.get(&key) {
+            return id;
+        }
+        let plain = |name: String| vec![Frame { function: name, file: String::new(), line: 0 }];
+        // User locations carry the file offset as address, in a mapping spanning the file.
+        let (mapping_id, address, frames) = match site {
+            Site::User(UserAddress::File { binary, file_offset }) => {
+                let frames = symbols.user(binary, *file_offset).map(|f| f.to_vec());
+                let frames = frames.unwrap_or_else(|| plain(format!("{}+{file_offset:#x}", binary.name())));
+                (self.mapping(&binary.path, binary.build_id.as_deref(), 0, binary.size), *file_offset, frames)
+            }
+            Site::User(UserAddress::Special { name, offset }) => (0, *offset, plain(format!("{name}+{offset:#x}"))),
+            Site::User(UserAddress::Unmapped(addr)) => (0, *addr, plain(format!("[unmapped]+{addr:#x}"))),
+            Site::Kernel(addr) => {
+                let frames = symbols.kernel(*addr).map(|f| f.to_vec());
+                let frames = frames.unwrap_or_else(|| plain(format!("[kernel]+{addr:#x}")));
+                (self.mapping(KERNEL_MAPPING, None, 0xffff_8000_0000_0000, u64::MAX), *addr, frames)
+            }
+            Site::Marker(marker) => (0, 0, plain(marker.label().to_string())),
+        };
+        let line = frames
+            .iter()
+            .map(|frame| Line { function_id: self.function(frame), line: frame.line as i64, column: 0 })
+            .collect();
+        let id = self.profile.location.len() as u64 + 1;
+        self.profile.location.push(Location { id, mapping_id, address, line, is_folded: false });
+        self.locations.insert(key, id);
+        id
+    }
+
+    fn label_str(&mut self, key: &str, value: &str) -> Label {
+        Label { key: self.string(key), str: self.string(value), num: 0, num_unit: 0 }
+    }
+
+    fn label_num(&mut self, key: &str, value: i64) -> Label {
+        Label { key: self.string(key), str: 0, num: value, num_unit: 0 }
+    }
+}
+
+/// Builds the on-CPU profile: values samples/count and cpu/nanoseconds.
+pub fn build(interval: &ResolvedInterval, symbols: &Symbolizer, info: &ProfileInfo) -> Profile {
+    let mut b = Builder::default();
+    b.string("");
+    let period = 1_000_000_000 / info.frequency.max(1) as i64;
+    let samples = ValueType { r#type: b.string("samples"), unit: b.string("count") };
+    let cpu = ValueType { r#type: b.string("cpu"), unit: b.string("nanoseconds") };
+    b.profile.sample_type = vec![samples, cpu];
+    b.profile.period_type = Some(cpu);
+    b.profile.period = period;
+    b.profile.default_sample_type = 1;
+
+    for sample in &interval.samples {
+        let location_id: Vec<u64> = sample.stack.iter().map(|site| b.location(site, symbols)).collect();
+        let label = vec![
+            b.label_num("pid", sample.tgid as i64),
+            b.label_num("tid", sample.pid as i64),
+            b.label_str("comm", &sample.comm),
+            b.label_str("process", &sample.process),
+            b.label_str("cgroup", &sample.cgroup),
+        ];
+        let count = sample.count as i64;
+        let key = (location_id, label.iter().map(|l| (l.key, l.str, l.num)).collect());
+        if let Some(&index) = b.samples.get(&key) {
+            let values = &mut b.profile.sample[index].value;
+            values[0] += count;
+            values[1] += count * period;
+        } else {
+            b.samples.insert(key.clone(), b.profile.sample.len());
+            b.profile.sample.push(Sample { location_id: key.0, value: vec![count, count * period], label });
+        }
+    }
+
+    let nanos = |t: Option<std::time::SystemTime>| {
+        t.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos() as i64)
+    };
+    b.profile.time_nanos = nanos(interval.start);
+    b.profile.duration_nanos = (nanos(interval.end) - b.profile.time_nanos).max(0);
+    let mut comments = vec![format!("ember.event={} ember.frequency={}", info.event, info.frequency)];
+    comments.extend(COUNTER_NAMES.iter().map(|(i, name)| format!("ember.counter.{name}={}", interval.counter(*i))));
+    b.profile.comment = comments.iter().map(|c| b.string(c)).collect();
+    b.profile
+}
+
+pub fn encode_gzip(profile: &Profile) -> Vec<u8> {
+    let mut gz = GzEncoder::new(Vec::new(), Compression::default());
+    gz.write_all(&prost::Message::encode_to_vec(profile)).expect("writing to memory");
+    gz.finish().expect("writing to memory")
+}

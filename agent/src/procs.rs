@@ -1,0 +1,171 @@
+//! Process table: what userspace knows of each sampled process. Mappings are captured when the
+//! kernel first announces a process (or after it execs), and every mapped binary is held open,
+//! so a process that exits before the drain, or whose binary is deleted, still symbolizes.
+use std::{
+    collections::HashMap,
+    fs::{self, File},
+    os::{fd::AsRawFd, unix::fs::MetadataExt},
+    path::PathBuf,
+    sync::{Arc, Weak},
+};
+
+/// An executable file mapped by some process, kept open for symbolization.
+#[derive(Debug)]
+pub struct Binary {
+    /// Path as the process saw it (for display and pprof mapping names).
+    pub path: String,
+    pub build_id: Option<String>,
+    /// (device, inode): identifies the file across processes.
+    pub id: (u64, u64),
+    pub size: u64,
+    file: File,
+}
+
+impl Binary {
+    /// A path that reaches this exact file from the agent, whatever happens to the original.
+    pub fn open_path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+
+    pub fn name(&self) -> &str {
+        self.path.rsplit('/').next().unwrap_or(&self.path)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+    pub target: MappingTarget,
+}
+
+#[derive(Debug, Clone)]
+pub enum MappingTarget {
+    File(Arc<Binary>),
+    /// Anonymous or special ([vdso], [anon], JIT code): kept by name only.
+    Special(String),
+}
+
+#[derive(Debug)]
+pub struct Process {
+    /// Executable name (/proc/<pid>/comm of the main thread).
+    pub name: String,
+    mappings: Vec<Mapping>,
+    pub exited: bool,
+}
+
+/// Where a user address points.
+#[derive(Debug, Clone)]
+pub enum UserAddress {
+    File { binary: Arc<Binary>, file_offset: u64 },
+    Special { name: String, offset: u64 },
+    /// No known mapping covers the address (or the process was never captured).
+    Unmapped(u64),
+}
+
+#[derive(Default)]
+pub struct ProcessTable {
+    processes: HashMap<u32, Process>,
+    /// Binaries by (device, inode), shared between processes.
+    binaries: HashMap<(u64, u64), Weak<Binary>>,
+    /// Processes that exited before their mappings could be read.
+    pub missed: u64,
+}
+
+impl ProcessTable {
+    /// Reads (or re-reads, after exec) a process's mappings. Returns false if it is gone.
+    pub fn capture(&mut self, tgid: u32) -> bool {
+        let Ok(maps) = fs::read_to_string(format!("/proc/{tgid}/maps")) else {
+            self.missed += 1;
+            return false;
+        };
+        let name = fs::read_to_string(format!("/proc/{tgid}/comm")).unwrap_or_default().trim().to_string();
+        let mappings = maps.lines().filter_map(|line| self.parse_mapping(tgid, line)).collect();
+        self.processes.insert(tgid, Process { name, mappings, exited: false });
+        true
+    }
+
+    fn parse_mapping(&mut self, tgid: u32, line: &str) -> Option<Mapping> {
+        let mut fields = line.split_ascii_whitespace();
+        let range = fields.next()?;
+        let perms = fields.next()?;
+        if !perms.contains('x') {
+            return None; // only code can appear in a stack
+        }
+        let file_offset = u64::from_str_radix(fields.next()?, 16).ok()?;
+        let _dev = fields.next()?;
+        let inode: u64 = fields.next()?.parse().ok()?;
+        let path = fields.collect::<Vec<_>>().join(" ");
+        let (start, end) = range.split_once('-')?;
+        let (start, end) = (u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?);
+        let target = if inode == 0 || path.is_empty() || path.starts_with('[') {
+            MappingTarget::Special(if path.is_empty() { "[anon]".into() } else { path })
+        } else {
+            match self.open_binary(tgid, range, &path) {
+                Some(binary) => MappingTarget::File(binary),
+                None => MappingTarget::Special(path),
+            }
+        };
+        Some(Mapping { start, end, file_offset, target })
+    }
+
+    /// Opens the mapped file through map_files (the exact file, even in another mount
+    /// namespace or deleted), falling back to the process's root.
+    fn open_binary(&mut self, tgid: u32, range: &str, path: &str) -> Option<Arc<Binary>> {
+        let file = File::open(format!("/proc/{tgid}/map_files/{range}"))
+            .or_else(|_| File::open(format!("/proc/{tgid}/root{path}")))
+            .ok()?;
+        let meta = file.metadata().ok()?;
+        let id = (meta.dev(), meta.ino());
+        if let Some(binary) = self.binaries.get(&id).and_then(Weak::upgrade) {
+            return Some(binary);
+        }
+        let path = path.trim_end_matches(" (deleted)").to_string();
+        let mut binary = Binary { path, build_id: None, id, size: meta.len(), file };
+        binary.build_id = blazesym::helper::read_elf_build_id(&binary.open_path())
+            .ok()
+            .flatten()
+            .map(|id| id.iter().map(|b| format!("{b:02x}")).collect());
+        let binary = Arc::new(binary);
+        self.binaries.insert(id, Arc::downgrade(&binary));
+        Some(binary)
+    }
+
+    pub fn get(&self, tgid: u32) -> Option<&Process> {
+        self.processes.get(&tgid)
+    }
+
+    /// Maps a user address of `tgid` to a binary and file offset. A miss on a live process
+    /// re-reads its mappings once (it may have loaded a library since it was captured).
+    pub fn resolve(&mut self, tgid: u32, addr: u64) -> UserAddress {
+        if let Some(found) = self.lookup(tgid, addr) {
+            return found;
+        }
+        if self.processes.get(&tgid).is_none_or(|p| !p.exited) && self.capture(tgid) {
+            if let Some(found) = self.lookup(tgid, addr) {
+                return found;
+            }
+        }
+        UserAddress::Unmapped(addr)
+    }
+
+    fn lookup(&self, tgid: u32, addr: u64) -> Option<UserAddress> {
+        let mapping = self.processes.get(&tgid)?.mappings.iter().find(|m| m.start <= addr && addr < m.end)?;
+        let offset = addr - mapping.start + mapping.file_offset;
+        Some(match &mapping.target {
+            MappingTarget::File(binary) => UserAddress::File { binary: binary.clone(), file_offset: offset },
+            MappingTarget::Special(name) => UserAddress::Special { name: name.clone(), offset: addr - mapping.start },
+        })
+    }
+
+    /// Marks processes that are gone, and forgets those that were already marked at the
+    /// previous sweep (one interval of grace for samples still in flight).
+    pub fn sweep(&mut self) {
+        self.processes.retain(|_, p| !p.exited);
+        for (tgid, process) in self.processes.iter_mut() {
+            process.exited = !fs::exists(format!("/proc/{tgid}")).unwrap_or(true);
+        }
+        self.binaries.retain(|_, b| b.strong_count() > 0);
+    }
+}

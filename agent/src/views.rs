@@ -1,0 +1,65 @@
+//! Views of a pprof profile: folded stacks (one "root;...;leaf count" line per stack, as
+//! inferno and Brendan Gregg's tools read them) and an SVG flame graph.
+use std::collections::{BTreeMap, HashMap};
+
+use anyhow::{Context as _, Result};
+use ember_proto::pprof::Profile;
+
+use crate::pprof::KERNEL_MAPPING;
+
+/// Folded stacks of the profile's value `value_index`, rooted at the thread name. Kernel
+/// frames carry the `_[k]` suffix and inlined functions `_[i]`, as perf's folded output does.
+pub fn folded(profile: &Profile, value_index: usize) -> Vec<String> {
+    let s = |i: i64| profile.string_table.get(i as usize).map(String::as_str).unwrap_or("");
+    let functions: HashMap<u64, &str> = profile.function.iter().map(|f| (f.id, s(f.name))).collect();
+    let kernel_mappings: Vec<u64> =
+        profile.mapping.iter().filter(|m| s(m.filename) == KERNEL_MAPPING).map(|m| m.id).collect();
+    let locations: HashMap<u64, Vec<String>> = profile
+        .location
+        .iter()
+        .map(|loc| {
+            let kernel = kernel_mappings.contains(&loc.mapping_id);
+            // Lines are innermost first; folded stacks go root to leaf.
+            let names = loc
+                .line
+                .iter()
+                .enumerate()
+                .rev()
+                .map(|(i, line)| {
+                    let name = functions.get(&line.function_id).copied().unwrap_or("[unknown]");
+                    let suffix = if kernel { "_[k]" } else if i + 1 < loc.line.len() { "_[i]" } else { "" };
+                    format!("{}{suffix}", name.replace(';', ":"))
+                })
+                .collect();
+            (loc.id, names)
+        })
+        .collect();
+    let comm_key = profile.string_table.iter().position(|k| k == "comm").map(|i| i as i64);
+    let mut stacks: BTreeMap<String, i64> = BTreeMap::new();
+    for sample in &profile.sample {
+        let comm = sample.label.iter().find(|l| Some(l.key) == comm_key).map_or("", |l| s(l.str));
+        let mut frames = vec![if comm.is_empty() { "[unknown]".to_string() } else { comm.replace(';', ":") }];
+        for id in sample.location_id.iter().rev() {
+            frames.extend(locations.get(id).into_iter().flatten().cloned());
+        }
+        *stacks.entry(frames.join(";")).or_default() += sample.value.get(value_index).copied().unwrap_or(0);
+    }
+    stacks.into_iter().filter(|(_, v)| *v > 0).map(|(stack, v)| format!("{stack} {v}")).collect()
+}
+
+pub fn flamegraph(folded: &[String], title: &str, count_name: &str) -> Result<Vec<u8>> {
+    let mut options = inferno::flamegraph::Options::default();
+    options.title = title.to_string();
+    options.count_name = count_name.to_string();
+    let mut svg = Vec::new();
+    if folded.is_empty() {
+        // inferno refuses an empty profile; say so in the image rather than fail the run.
+        return Ok(format!(
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"600\" height=\"60\"><text x=\"10\" y=\"35\">{title}: no samples</text></svg>\n"
+        )
+        .into_bytes());
+    }
+    inferno::flamegraph::from_lines(&mut options, folded.iter().map(String::as_str), &mut svg)
+        .context("rendering the flame graph")?;
+    Ok(svg)
+}
