@@ -32,8 +32,8 @@ impl FileConfig {
         toml::from_str(&text).map_err(|e| {
             // toml's message spans lines; keep the one-line promise.
             let message = e.message().replace('\n', " ");
-            let line = e.span().map(|s| text[..s.start].lines().count().max(1));
-            anyhow::anyhow!("config {} line {}: {message}", path.display(), line.unwrap_or(0))
+            let line = e.span().map(|s| text[..s.start].matches('\n').count() + 1);
+            anyhow::anyhow!("config {} line {}: {message}", path.display(), line.unwrap_or(1))
         })
     }
 }

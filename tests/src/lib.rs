@@ -1,0 +1,273 @@
+//! Harness for Ember's end-to-end tests: runs the real `ember-agent` (as root, against the
+//! real kernel) and the fixture workloads, and reads the pprof files it writes.
+use std::{
+    collections::HashMap,
+    io::{BufRead, BufReader, Read, Write},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use ember_proto::pprof::Profile;
+use prost::Message;
+
+/// The tests load BPF programs: without root they must fail loudly, never skip.
+pub fn require_root() {
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "Ember's end-to-end tests load BPF programs and must run as root (CI runs them as root)"
+    );
+}
+
+/// The ember-agent binary of the same build profile as the running test.
+pub fn agent_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
+    let agent = profile_dir.join("ember-agent");
+    assert!(agent.exists(), "{} is missing: run `cargo xtask test` (it builds the agent first)", agent.display());
+    agent
+}
+
+/// A temporary directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("ember-test-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("creating temp dir");
+        TempDir(dir)
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running ember-agent whose stderr is collected.
+pub struct Agent {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Agent {
+    pub fn spawn(args: &[&str]) -> Agent {
+        let mut child = Command::new(agent_bin())
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting ember-agent");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = stderr.clone();
+        let pipe = child.stderr.take().expect("stderr");
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                let mut all = sink.lock().unwrap();
+                all.push_str(&line);
+                all.push('\n');
+            }
+        });
+        Agent { child, stderr }
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Waits until the programs are attached (the agent logs "profiling every CPU").
+    pub fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.stderr().contains("profiling every CPU") {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("ember-agent exited ({status}) before it was ready:\n{}", self.stderr());
+            }
+            assert!(Instant::now() < deadline, "ember-agent not ready after 30 s:\n{}", self.stderr());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn signal(&self, signal: i32) {
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+    }
+
+    /// Waits for exit (bounded) and asserts success.
+    pub fn wait_success(mut self, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("waiting for ember-agent") {
+                std::thread::sleep(Duration::from_millis(50)); // let the stderr reader finish
+                let stderr = self.stderr();
+                assert!(status.success(), "ember-agent failed ({status}):\n{stderr}");
+                return stderr;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("ember-agent still running after {limit:?}:\n{}", self.stderr());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A fixture process from `fixture-split` that waits for `start()` before working.
+pub struct Fixture {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl Fixture {
+    pub fn spawn(bin: &str, mode: &str, seconds: f64) -> Fixture {
+        let mut child = Command::new(bin)
+            .args([mode, &seconds.to_string(), "--wait"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting fixture");
+        let stdin = child.stdin.take();
+        Fixture { child, stdin }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn start(&mut self) {
+        let mut stdin = self.stdin.take().expect("fixture started twice");
+        stdin.write_all(b"go\n").expect("starting fixture");
+    }
+
+    /// Waits for the fixture to exit; returns (rounds done, CPU seconds it used).
+    pub fn finish(mut self) -> (u64, f64) {
+        let mut out = String::new();
+        self.child.stdout.take().expect("stdout").read_to_string(&mut out).expect("fixture output");
+        let mut status = 0;
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        let pid = unsafe { libc::wait4(self.child.id() as i32, &mut status, 0, &mut usage) };
+        assert_eq!(pid, self.child.id() as i32, "wait4 on the fixture");
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "fixture failed: {status}");
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        (out.trim().parse().expect("fixture prints its rounds"), secs(usage.ru_utime) + secs(usage.ru_stime))
+    }
+}
+
+/// One frame of a decoded sample, leaf first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub function: String,
+    pub mapping: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub frames: Vec<Frame>,
+    pub values: Vec<i64>,
+    pub labels: HashMap<String, String>,
+}
+
+/// A decoded pprof profile, with every reference checked while decoding.
+pub struct Decoded {
+    pub profile: Profile,
+    pub samples: Vec<Sample>,
+}
+
+impl Decoded {
+    pub fn read(path: &Path) -> Decoded {
+        let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let mut raw = Vec::new();
+        flate2::read::GzDecoder::new(&bytes[..]).read_to_end(&mut raw).expect("profile is gzipped");
+        let profile = Profile::decode(&raw[..]).expect("profile decodes as profile.proto");
+        let strings = &profile.string_table;
+        assert_eq!(strings.first().map(String::as_str), Some(""), "string_table[0] must be empty");
+        let s = |i: i64| strings.get(i as usize).unwrap_or_else(|| panic!("string index {i} out of range")).clone();
+        let functions: HashMap<u64, String> = profile.function.iter().map(|f| (f.id, s(f.name))).collect();
+        let mappings: HashMap<u64, String> = profile.mapping.iter().map(|m| (m.id, s(m.filename))).collect();
+        let locations: HashMap<u64, Vec<Frame>> = profile
+            .location
+            .iter()
+            .map(|loc| {
+                let mapping = if loc.mapping_id == 0 {
+                    String::new()
+                } else {
+                    mappings.get(&loc.mapping_id).unwrap_or_else(|| panic!("mapping {} missing", loc.mapping_id)).clone()
+                };
+                assert!(!loc.line.is_empty(), "location {} has no function", loc.id);
+                let frames = loc
+                    .line
+                    .iter()
+                    .map(|line| Frame {
+                        function: functions
+                            .get(&line.function_id)
+                            .unwrap_or_else(|| panic!("function {} missing", line.function_id))
+                            .clone(),
+                        mapping: mapping.clone(),
+                    })
+                    .collect();
+                (loc.id, frames)
+            })
+            .collect();
+        let samples = profile
+            .sample
+            .iter()
+            .map(|sample| Sample {
+                frames: sample
+                    .location_id
+                    .iter()
+                    .flat_map(|id| locations.get(id).unwrap_or_else(|| panic!("location {id} missing")).clone())
+                    .collect(),
+                values: sample.value.clone(),
+                labels: sample
+                    .label
+                    .iter()
+                    .map(|l| (s(l.key), if l.str != 0 { s(l.str) } else { l.num.to_string() }))
+                    .collect(),
+            })
+            .collect();
+        Decoded { profile, samples }
+    }
+
+    pub fn string(&self, index: i64) -> &str {
+        &self.profile.string_table[index as usize]
+    }
+
+    /// A counter the agent wrote in the comments ("ember.counter.<name>=<value>").
+    pub fn counter(&self, name: &str) -> u64 {
+        let prefix = format!("ember.counter.{name}=");
+        self.profile
+            .comment
+            .iter()
+            .find_map(|&c| self.string(c).strip_prefix(&prefix).map(|v| v.parse().expect("counter value")))
+            .unwrap_or_else(|| panic!("profile has no counter {name}"))
+    }
+
+    pub fn samples_of(&self, pid: u32) -> Vec<&Sample> {
+        let pid = pid.to_string();
+        self.samples.iter().filter(|s| s.labels.get("pid") == Some(&pid)).collect()
+    }
+
+    pub fn total(samples: &[&Sample]) -> i64 {
+        samples.iter().map(|s| s.values[0]).sum()
+    }
+}
+
+impl Sample {
+    pub fn has_function(&self, name: &str) -> bool {
+        self.frames.iter().any(|f| f.function == name)
+    }
+}

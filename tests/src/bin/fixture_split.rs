@@ -6,7 +6,9 @@
 //!   executes the same loop for 7 or 3 units: the split is exact by construction.
 //! - `read-zero`: main -> read_zero, reading /dev/zero in 1 MiB blocks (time in the kernel).
 //! - `idle`: sleeps (used by tests that need a live, quiet process).
-//! Prints the number of completed rounds on exit (the benchmark's throughput).
+//! With a third argument `--wait`, it first waits for a line on stdin, so that a test can start
+//! the profiler before any work happens. Prints the number of completed rounds on exit (the
+//! benchmark's throughput).
 use std::{
     fs::File,
     hint::black_box,
@@ -45,6 +47,9 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_else(|| "split".into());
     let seconds: f64 = args.next().map_or(5.0, |s| s.parse().expect("SECONDS must be a number"));
+    if args.next().as_deref() == Some("--wait") {
+        std::io::stdin().read_line(&mut String::new()).expect("reading the start line");
+    }
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let mut rounds = 0u64;
     match mode.as_str() {

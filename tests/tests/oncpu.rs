@@ -1,0 +1,182 @@
+//! On-CPU profiling end to end: real BPF programs in the real kernel, real processes with a
+//! known call structure, real pprof files. Needs root; fails loudly without it.
+use std::{process::Command, time::Duration};
+
+use ember_tests::{require_root, Agent, Decoded, Fixture, TempDir};
+
+const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture-split");
+const HZ: u64 = 99;
+
+/// Records the given fixtures (started once the agent is attached) and returns the profile
+/// plus each fixture's (rounds, CPU seconds).
+fn record(dir: &TempDir, fixtures: Vec<Fixture>, seconds: f64, extra: &[&str]) -> (Decoded, Vec<(u64, f64)>) {
+    let out = dir.path("profile.pb.gz");
+    let duration = format!("{}s", seconds + 2.0);
+    let hz = HZ.to_string();
+    let pids: Vec<String> = fixtures.iter().map(|f| f.pid().to_string()).collect();
+    let mut args = vec!["record", "-d", &duration, "-F", &hz, "-o", out.to_str().unwrap()];
+    for pid in &pids {
+        args.extend(["--pid", pid]);
+    }
+    args.extend(extra);
+    let mut agent = Agent::spawn(&args);
+    agent.wait_ready();
+    let mut fixtures = fixtures;
+    fixtures.iter_mut().for_each(Fixture::start);
+    let usage = fixtures.into_iter().map(Fixture::finish).collect();
+    agent.wait_success(Duration::from_secs(60));
+    (Decoded::read(&out), usage)
+}
+
+#[test]
+fn split_is_faithful_and_stacks_reach_main() {
+    require_root();
+    let dir = TempDir::new("split");
+    let fixtures = vec![Fixture::spawn(FIXTURE, "split", 5.0), Fixture::spawn(FIXTURE, "split", 5.0)];
+    let pids: Vec<u32> = fixtures.iter().map(Fixture::pid).collect();
+    let (profile, usage) = record(&dir, fixtures, 5.0, &[]);
+
+    let samples: Vec<_> = pids.iter().flat_map(|&pid| profile.samples_of(pid)).collect();
+    let total = Decoded::total(&samples);
+    let in_fn = |name: &str| Decoded::total(&samples.iter().copied().filter(|s| s.has_function(name)).collect::<Vec<_>>());
+    let (a, b) = (in_fn("fixture_split::hot_a"), in_fn("fixture_split::hot_b"));
+    let share_a = a as f64 / (a + b) as f64;
+    assert!((share_a - 0.70).abs() <= 0.03, "hot_a share {share_a:.3} (a={a}, b={b}), truth 0.70");
+
+    let complete = Decoded::total(&samples.iter().copied().filter(|s| s.has_function("fixture_split::main")).collect::<Vec<_>>());
+    let complete_share = complete as f64 / total as f64;
+    assert!(complete_share >= 0.95, "only {complete_share:.3} of samples reach main ({complete}/{total})");
+
+    let cpu_seconds: f64 = usage.iter().map(|u| u.1).sum();
+    let expected = cpu_seconds * HZ as f64;
+    let error = (total as f64 - expected).abs() / expected;
+    assert!(error <= 0.10, "{total} samples, expected {expected:.0} ({cpu_seconds:.2} CPU s x {HZ} Hz)");
+}
+
+#[test]
+fn syscall_heavy_fixture_shows_kernel_frames_under_user_frames() {
+    require_root();
+    let dir = TempDir::new("kernel");
+    let fixture = Fixture::spawn(FIXTURE, "read-zero", 3.0);
+    let pid = fixture.pid();
+    let (profile, _) = record(&dir, vec![fixture], 3.0, &[]);
+    let samples = profile.samples_of(pid);
+    let kernel_and_user = samples
+        .iter()
+        .filter(|s| {
+            let vfs = s.frames.iter().position(|f| f.function == "vfs_read" && f.mapping == "[kernel.kallsyms]");
+            let user = s.frames.iter().position(|f| f.function == "fixture_split::read_zero");
+            // Leaf first: the kernel frame must come before (above) the user frame.
+            matches!((vfs, user), (Some(k), Some(u)) if k < u) && s.has_function("fixture_split::main")
+        })
+        .count();
+    assert!(
+        kernel_and_user * 4 >= samples.len(),
+        "{kernel_and_user} of {} samples have vfs_read under read_zero under main",
+        samples.len()
+    );
+}
+
+#[test]
+fn pprof_round_trip_and_views_agree() {
+    require_root();
+    let dir = TempDir::new("roundtrip");
+    let fixture = Fixture::spawn(FIXTURE, "split", 2.0);
+    let (folded, svg) = (dir.path("p.folded"), dir.path("p.svg"));
+    let extra = ["--folded", folded.to_str().unwrap(), "--flamegraph", svg.to_str().unwrap()];
+    let (profile, _) = record(&dir, vec![fixture], 2.0, &extra);
+
+    // Decoding already checked every location, function, mapping and string reference.
+    let p = &profile.profile;
+    let types: Vec<(&str, &str)> = p.sample_type.iter().map(|t| (profile.string(t.r#type), profile.string(t.unit))).collect();
+    assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
+    assert_eq!(p.period, 1_000_000_000 / HZ as i64);
+    assert!(p.time_nanos > 0 && p.duration_nanos >= 2_000_000_000, "time range {} + {}", p.time_nanos, p.duration_nanos);
+    for sample in &profile.samples {
+        assert_eq!(sample.values[1], sample.values[0] * p.period);
+        for label in ["pid", "tid", "comm", "cgroup"] {
+            assert!(sample.labels.contains_key(label), "sample without label {label}");
+        }
+    }
+    let total: i64 = profile.samples.iter().map(|s| s.values[0]).sum();
+    assert_eq!(total as u64, profile.counter("samples") - profile.counter("map_full"));
+    let fixture_mapping = p.mapping.iter().find(|m| profile.string(m.filename).ends_with("/fixture-split")).expect("fixture mapping");
+    assert_eq!(profile.string(fixture_mapping.build_id).len(), 40, "fixture mapping carries its build id");
+
+    let folded = std::fs::read_to_string(&folded).unwrap();
+    let folded_total: i64 = folded.lines().map(|l| l.rsplit_once(' ').unwrap().1.parse::<i64>().unwrap()).sum();
+    assert_eq!(folded_total, total);
+    assert!(folded.contains("fixture_split::main;fixture_split::hot_a;fixture_split::burn"));
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("fixture_split::hot_a"));
+}
+
+#[test]
+fn full_counts_map_drops_are_counted_exactly() {
+    require_root();
+    let dir = TempDir::new("drops");
+    let fixture = Fixture::spawn(FIXTURE, "split", 3.0);
+    let pid = fixture.pid();
+    let (profile, usage) = record(&dir, vec![fixture], 3.0, &["--max-keys", "1"]);
+    let kept = Decoded::total(&profile.samples_of(pid)) as u64;
+    let (seen, dropped) = (profile.counter("samples"), profile.counter("map_full"));
+    assert!(dropped > 0, "a one-key map must overflow on a workload with several stacks");
+    assert_eq!(kept + dropped, seen, "kept {kept} + dropped {dropped} must equal samples seen {seen}");
+    let expected = usage[0].1 * HZ as f64;
+    assert!((seen as f64 - expected).abs() / expected <= 0.10, "{seen} samples seen, expected {expected:.0}");
+}
+
+#[test]
+fn daemon_flushes_on_sigterm_and_symbolizes_exited_processes() {
+    require_root();
+    let dir = TempDir::new("daemon");
+    let out = dir.path("profiles");
+    let mut agent = Agent::spawn(&["run", "-F", "99", "--interval", "60s", "--output-dir", out.to_str().unwrap()]);
+    agent.wait_ready();
+    let mut fixture = Fixture::spawn(FIXTURE, "split", 1.0);
+    let pid = fixture.pid();
+    fixture.start();
+    fixture.finish(); // exited long before the 60 s drain
+    std::thread::sleep(Duration::from_millis(500));
+    agent.signal(libc::SIGTERM);
+    agent.wait_success(Duration::from_secs(30));
+
+    let files: Vec<_> = std::fs::read_dir(&out).unwrap().flatten().map(|e| e.path()).collect();
+    assert_eq!(files.len(), 1, "one flushed profile expected: {files:?}");
+    let profile = Decoded::read(&files[0]);
+    let samples = profile.samples_of(pid);
+    assert!(Decoded::total(&samples) >= 50, "fixture samples missing after SIGTERM flush");
+    for sample in &samples {
+        let unresolved: Vec<_> =
+            sample.frames.iter().filter(|f| f.mapping.ends_with("/fixture-split") && f.function.contains("+0x")).collect();
+        assert!(unresolved.is_empty(), "unsymbolized frames of an exited process: {unresolved:?}");
+    }
+    assert!(samples.iter().any(|s| s.has_function("fixture_split::hot_a") && s.has_function("fixture_split::main")));
+}
+
+#[test]
+fn missing_privilege_is_a_one_line_error() {
+    // Runs the agent as nobody with no capabilities.
+    let output = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"])
+        .arg(ember_tests::agent_bin())
+        .args(["record", "-d", "1s", "-o", "/tmp/ember-never-written.pb.gz"])
+        .output()
+        .expect("running setpriv (util-linux)");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("missing privilege CAP_BPF and CAP_PERFMON"), "{stderr}");
+}
+
+#[test]
+fn bad_config_is_a_one_line_error() {
+    let dir = TempDir::new("config");
+    let config = dir.path("agent.toml");
+    std::fs::write(&config, "frequency = 99\nintervall = \"5s\"\n").unwrap();
+    let output = Command::new(ember_tests::agent_bin()).args(["run", "--config", config.to_str().unwrap()]).output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("line 2") && stderr.contains("intervall"), "{stderr}");
+}
