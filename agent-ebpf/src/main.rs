@@ -135,12 +135,15 @@ pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
     bump(set.counters, counter::SAMPLES);
     announce_process(tgid, &set);
 
+    // A sample taken in user mode has no kernel stack: skip the helper call (the kernel
+    // would walk nothing and return -EFAULT). cs's low bits are the privilege level.
+    let in_user_mode = unsafe { (*ctx.ctx).regs.cs } & 3 == 3;
     let key = SampleKey {
         tgid,
         pid,
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
         user_stack_id: stack_id(&ctx, &set, true),
-        kernel_stack_id: stack_id(&ctx, &set, false),
+        kernel_stack_id: if in_user_mode { stack_status::NONE } else { stack_id(&ctx, &set, false) },
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
     };
     if let Some(count) = set.counts.get_ptr_mut(&key) {

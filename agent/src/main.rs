@@ -1,6 +1,5 @@
 //! ember-agent: an eBPF continuous profiler. `run` profiles the host continuously and writes
 //! one profile per interval; `record` profiles once and writes one profile.
-mod bpf_stats;
 mod cgroups;
 mod collect;
 mod config;

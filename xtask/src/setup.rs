@@ -1,0 +1,56 @@
+//! `cargo xtask setup`: installs what the build, tests and benchmarks need, and only what is
+//! missing, so it is quick the second time.
+use std::{path::Path, process::Command};
+
+use anyhow::{Context as _, Result};
+
+use crate::run;
+
+const TOOLCHAIN: &str = "1.95.0";
+const BPF_LINKER: &str = "0.10.4";
+/// protoc builds proto/; perf and bpftrace are the benchmark's peers; setpriv (util-linux)
+/// runs the agent unprivileged in a test.
+const APT_PACKAGES: [(&str, &str); 4] =
+    [("protoc", "protobuf-compiler"), ("perf", "linux-perf"), ("bpftrace", "bpftrace"), ("setpriv", "util-linux")];
+
+fn output(program: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(program).args(args).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+pub fn setup() -> Result<()> {
+    let sysroot = output("rustup", &["run", TOOLCHAIN, "rustc", "--print", "sysroot"])
+        .with_context(|| format!("toolchain {TOOLCHAIN} is missing: run `rustup toolchain install {TOOLCHAIN}`"))?;
+    if Path::new(sysroot.trim()).join("lib/rustlib/src/rust/library/core").exists() {
+        println!("setup: ok    rust-src ({TOOLCHAIN})");
+    } else {
+        println!("setup: installing rust-src for {TOOLCHAIN}");
+        run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", TOOLCHAIN]))?;
+    }
+
+    if output("bpf-linker", &["--version"]).is_some_and(|v| v.contains(BPF_LINKER)) {
+        println!("setup: ok    bpf-linker {BPF_LINKER}");
+    } else {
+        println!("setup: installing bpf-linker {BPF_LINKER} (about a minute on 2 cores)");
+        run(Command::new("rustup").args(["run", TOOLCHAIN, "cargo", "install", "--locked", "--force"]).arg(format!("bpf-linker@{BPF_LINKER}")))?;
+    }
+
+    let missing: Vec<&str> =
+        APT_PACKAGES.iter().filter(|(program, _)| output("which", &[program]).is_none()).map(|(_, package)| *package).collect();
+    if missing.is_empty() {
+        println!("setup: ok    {}", APT_PACKAGES.map(|(p, _)| p).join(", "));
+    } else {
+        println!("setup: installing {} (apt)", missing.join(" "));
+        run(Command::new("apt-get").args(["update", "-qq"]))?;
+        run(Command::new("apt-get").args(["install", "-y", "-qq", "--no-install-recommends"]).args(&missing).env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+
+    if Path::new("/sys/kernel/tracing/events").is_dir() {
+        println!("setup: ok    tracefs");
+    } else {
+        println!("setup: mounting tracefs at /sys/kernel/tracing");
+        run(Command::new("mount").args(["-t", "tracefs", "tracefs", "/sys/kernel/tracing"]))
+            .context("mounting tracefs (needs root)")?;
+    }
+    Ok(())
+}
