@@ -28,14 +28,16 @@ fn burn(iterations: u64) -> u64 {
     x
 }
 
+// `black_box` after the call keeps these from becoming tail calls (`jmp burn`), which
+// would remove their frames from every profiler's stacks in optimized builds.
 #[inline(never)]
 fn hot_a() -> u64 {
-    burn(7 * UNIT)
+    black_box(burn(7 * UNIT)) + 1
 }
 
 #[inline(never)]
 fn hot_b() -> u64 {
-    burn(3 * UNIT)
+    black_box(burn(3 * UNIT)) + 1
 }
 
 #[inline(never)]
