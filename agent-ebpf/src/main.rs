@@ -133,7 +133,6 @@ pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
         return 0;
     }
     bump(set.counters, counter::SAMPLES);
-    announce_process(tgid, &set);
 
     // A sample taken in user mode has no kernel stack: skip the helper call (the kernel
     // would walk nothing and return -EFAULT). cs's low bits are the privilege level.
@@ -148,7 +147,12 @@ pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
     };
     if let Some(count) = set.counts.get_ptr_mut(&key) {
         unsafe { *count += 1 };
-    } else if set.counts.insert(&key, &1, BPF_NOEXIST as u64).is_err() {
+        return 0;
+    }
+    // First sample of this key in this interval: only here can the process be new to
+    // userspace, so the hot path (existing key) skips the lookup of known processes.
+    announce_process(tgid, &set);
+    if set.counts.insert(&key, &1, BPF_NOEXIST as u64).is_err() {
         // Either the map is full, or another CPU inserted the key first: retry once.
         match set.counts.get_ptr_mut(&key) {
             Some(count) => unsafe { *count += 1 },

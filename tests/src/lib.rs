@@ -30,6 +30,17 @@ pub fn agent_bin() -> PathBuf {
     agent
 }
 
+/// The cgroup2 mount (/sys/fs/cgroup, or /sys/fs/cgroup/unified on hybrid hosts).
+pub fn cgroup2_root() -> PathBuf {
+    let mounts = std::fs::read_to_string("/proc/mounts").expect("reading /proc/mounts");
+    mounts
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() > 2 && f[2] == "cgroup2")
+        .map(|f| PathBuf::from(f[1]))
+        .expect("no cgroup2 filesystem mounted")
+}
+
 /// A temporary directory removed on drop.
 pub struct TempDir(pub PathBuf);
 

@@ -37,6 +37,7 @@ fn split_is_faithful_and_stacks_reach_main() {
     let (profile, usage) = record(&dir, fixtures, 5.0, &[]);
 
     let samples: Vec<_> = pids.iter().flat_map(|&pid| profile.samples_of(pid)).collect();
+    assert_eq!(samples.len(), profile.samples.len(), "the pid filter let other processes in");
     let total = Decoded::total(&samples);
     let in_fn = |name: &str| Decoded::total(&samples.iter().copied().filter(|s| s.has_function(name)).collect::<Vec<_>>());
     let (a, b) = (in_fn("fixture_split::hot_a"), in_fn("fixture_split::hot_b"));
@@ -152,6 +153,36 @@ fn daemon_flushes_on_sigterm_and_symbolizes_exited_processes() {
         assert!(unresolved.is_empty(), "unsymbolized frames of an exited process: {unresolved:?}");
     }
     assert!(samples.iter().any(|s| s.has_function("fixture_split::hot_a") && s.has_function("fixture_split::main")));
+}
+
+#[test]
+fn cgroup_filter_keeps_only_that_cgroup() {
+    require_root();
+    let root = ember_tests::cgroup2_root();
+    let name = format!("ember-test-{}", std::process::id());
+    let cgroup = root.join(&name);
+    std::fs::create_dir(&cgroup).expect("creating a test cgroup");
+    let inside = Fixture::spawn(FIXTURE, "split", 2.0);
+    let outside = Fixture::spawn(FIXTURE, "split", 2.0);
+    let (inside_pid, outside_pid) = (inside.pid(), outside.pid());
+    std::fs::write(cgroup.join("cgroup.procs"), inside_pid.to_string()).expect("moving the fixture into the cgroup");
+    let dir = TempDir::new("cgroup");
+    let out = dir.path("p.pb.gz");
+    let mut agent = Agent::spawn(&["record", "-d", "4s", "-F", "99", "--cgroup", &name, "-o", out.to_str().unwrap()]);
+    agent.wait_ready();
+    let mut fixtures = vec![inside, outside];
+    fixtures.iter_mut().for_each(Fixture::start);
+    fixtures.into_iter().for_each(|f| {
+        f.finish();
+    });
+    agent.wait_success(Duration::from_secs(30));
+    std::fs::remove_dir(&cgroup).expect("removing the test cgroup");
+
+    let profile = Decoded::read(&out);
+    assert!(Decoded::total(&profile.samples_of(inside_pid)) > 100, "no samples from the process in the cgroup");
+    assert!(profile.samples_of(outside_pid).is_empty(), "a process outside the cgroup was sampled");
+    let expected = format!("/{name}");
+    assert!(profile.samples.iter().all(|s| s.labels.get("cgroup") == Some(&expected)), "samples outside {expected}");
 }
 
 #[test]
