@@ -5,22 +5,130 @@
 /// Length of a task's `comm` as the kernel stores it (TASK_COMM_LEN).
 pub const COMM_LEN: usize = 16;
 
-/// Aggregation key of one on-CPU sample. All samples with equal keys are summed in the kernel.
+/// Aggregation key of every kind of sample. All samples with equal keys are summed in the
+/// kernel.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SampleKey {
-    /// Process id (the kernel's tgid).
+    /// Process id (the kernel's tgid) of the task the event ran on.
     pub tgid: u32,
     /// Thread id (the kernel's pid).
     pub pid: u32,
     /// cgroup v2 id of the task (inode number of its cgroup directory).
     pub cgroup_id: u64,
-    /// Id in the active set's stack map, or a negative `stack_status` value.
+    /// Id in the stack map of set `stack_set`, or a negative `stack_status` value.
     pub user_stack_id: i32,
-    /// Id in the active set's stack map, or a negative `stack_status` value.
+    /// Id in the stack map of set `stack_set`, or a negative `stack_status` value.
     pub kernel_stack_id: i32,
-    /// Thread name at the time of the sample, NUL padded.
+    /// Thread name at the time of the event, NUL padded.
     pub comm: [u8; COMM_LEN],
+    /// Network device name (network kinds), NUL padded.
+    pub device: [u8; IFNAMSIZ],
+    /// One of `kind`.
+    pub kind: u8,
+    /// Buffer set whose stack map holds the stack ids. Off-CPU events are counted when a
+    /// thread wakes, possibly intervals after it blocked and its stacks were captured.
+    pub stack_set: u8,
+    pub _pad: u16,
+    /// Off-CPU: the `block_state` of the switch. kfree_skb: the drop reason. Else 0.
+    pub aux: u32,
+}
+
+/// What a key accumulates: events, and their total (ns off-CPU, bytes on the network).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SampleValue {
+    pub count: u64,
+    pub total: u64,
+}
+
+/// Length of a network device name (IFNAMSIZ).
+pub const IFNAMSIZ: usize = 16;
+
+/// Event kinds, one per program and tracepoint.
+pub mod kind {
+    pub const ON_CPU: u8 = 0;
+    pub const OFF_CPU: u8 = 1;
+    pub const NET_DEV_QUEUE: u8 = 2;
+    pub const NET_DEV_XMIT: u8 = 3;
+    pub const NETIF_RECEIVE_SKB: u8 = 4;
+    pub const NAPI_GRO_RECEIVE_ENTRY: u8 = 5;
+    pub const TCP_RETRANSMIT_SKB: u8 = 6;
+    pub const KFREE_SKB: u8 = 7;
+    pub const COUNT: usize = 8;
+    /// The network kinds, in order, as indices into `NET_LAYOUTS`.
+    pub const FIRST_NET: u8 = NET_DEV_QUEUE;
+}
+
+/// Why a task left the CPU (from sched_switch's prev_state), as bits of the state filter.
+pub mod block_state {
+    /// Preempted while runnable: time waiting for a CPU.
+    pub const PREEMPTED: u32 = 1;
+    /// Interruptible sleep (S): waiting for an event, a lock, the network, a timer.
+    pub const SLEEPING: u32 = 2;
+    /// Uninterruptible sleep (D): usually disk IO.
+    pub const UNINTERRUPTIBLE: u32 = 4;
+}
+
+/// Where a thread blocked: kept per thread from switch-out until switch-in.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OffCpuStart {
+    pub key: SampleKey,
+    pub start_ns: u64,
+}
+
+/// The last thread that sent on a socket, and its send stacks: transmit events are
+/// attributed to it, because TCP often transmits a socket's data from softirq context on an
+/// unrelated task (when ACKs arrive).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SocketOwner {
+    pub key: SampleKey,
+    /// Interval (generation) in which the stacks were captured: they stay valid for it and
+    /// the next one.
+    pub generation: u32,
+    pub _pad: u32,
+}
+
+/// Byte offsets of a tracepoint's fields, read from its format file at start-up.
+/// `ABSENT` marks a field the tracepoint does not have.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FieldLayout {
+    /// Packet length (u32).
+    pub len: u32,
+    /// `__data_loc char[] name`: the device name.
+    pub name: u32,
+    /// kfree_skb's `enum skb_drop_reason reason` (u32).
+    pub reason: u32,
+    /// The skb pointer.
+    pub skbaddr: u32,
+}
+
+impl FieldLayout {
+    pub const ABSENT: u32 = u32::MAX;
+    pub const NONE: FieldLayout =
+        FieldLayout { len: Self::ABSENT, name: Self::ABSENT, reason: Self::ABSENT, skbaddr: Self::ABSENT };
+}
+
+/// Transmit events: `aux` says whom the event is attributed to.
+pub mod attribution {
+    /// The task current when the packet was queued.
+    pub const CURRENT_TASK: u32 = 0;
+    /// The last sender on the packet's socket, with its send stacks.
+    pub const SOCKET_OWNER: u32 = 1;
+}
+
+/// sched_switch field offsets and sizes, from its format file.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwitchLayout {
+    pub prev_pid: u32,
+    pub prev_state: u32,
+    /// 4 or 8 (`long prev_state` since 5.x, `int` before).
+    pub prev_state_size: u32,
+    pub next_pid: u32,
 }
 
 /// Why a sample key carries no stack id. The sample itself is still counted.
@@ -38,9 +146,9 @@ pub mod stack_status {
 /// counted in `SAMPLES` or `IDLE`; every sample or stack that could not be kept is counted
 /// under its reason, so that userspace can report losses instead of hiding them.
 pub mod counter {
-    /// Samples accepted after filters (each is aggregated or counted as `MAP_FULL`).
+    /// On-CPU samples accepted after filters (each is aggregated or counted as `MAP_FULL`).
     pub const SAMPLES: u32 = 0;
-    /// Samples lost because the counts map was full.
+    /// Events of any kind lost because the counts map was full.
     pub const MAP_FULL: u32 = 1;
     /// User stacks replaced by a marker because of a stack map hash collision.
     pub const USER_STACK_COLLISION: u32 = 2;
@@ -56,8 +164,16 @@ pub mod counter {
     pub const IDLE: u32 = 7;
     /// Samples skipped by the pid or cgroup filter.
     pub const FILTERED: u32 = 8;
+    /// Off-CPU blocks not tracked because the per-thread table was full.
+    pub const OFF_CPU_TABLE_FULL: u32 = 9;
+    /// Off-CPU blocks left out by the minimum / maximum block time.
+    pub const OFF_CPU_OUT_OF_RANGE: u32 = 10;
+    /// Network events (every kind), accepted after filters.
+    pub const NET_EVENTS: u32 = 11;
+    /// Off-CPU blocks counted (sampled).
+    pub const OFF_CPU_BLOCKS: u32 = 12;
     /// Number of counters.
-    pub const COUNT: u32 = 9;
+    pub const COUNT: u32 = 13;
 }
 
 /// Sent through the ring buffer the first time a process is sampled (and again after it
@@ -73,8 +189,17 @@ pub mod names {
     pub const COUNTS: [&str; 2] = ["COUNTS_A", "COUNTS_B"];
     pub const STACKS: [&str; 2] = ["STACKS_A", "STACKS_B"];
     pub const COUNTERS: [&str; 2] = ["COUNTERS_A", "COUNTERS_B"];
-    /// One-element array: index (0 or 1) of the set the programs write to.
+    /// One-element array: the interval's generation; the programs write to set
+    /// `generation & 1`.
     pub const ACTIVE_SET: &str = "ACTIVE_SET";
+    /// Socket (struct sock address) to its last sender.
+    pub const SOCK_OWNER: &str = "SOCK_OWNER";
+    /// Globals: offset of `sk` in struct sk_buff (from BTF; ABSENT: no attribution), and of
+    /// sock_send_length's `sk` and `ret` fields.
+    pub const SKB_SK_OFFSET: &str = "SKB_SK_OFFSET";
+    pub const SEND_SK_OFFSET: &str = "SEND_SK_OFFSET";
+    pub const SEND_RET_OFFSET: &str = "SEND_RET_OFFSET";
+    pub const PROG_SEND: &str = "sock_send_length";
     pub const KNOWN_TGIDS: &str = "KNOWN_TGIDS";
     pub const PROCESS_EVENTS: &str = "PROCESS_EVENTS";
     pub const TGID_FILTER: &str = "TGID_FILTER";
@@ -82,8 +207,28 @@ pub mod names {
     pub const FILTER_TGIDS: &str = "FILTER_TGIDS";
     /// Global: non-zero cgroup id to sample exclusively.
     pub const FILTER_CGROUP: &str = "FILTER_CGROUP";
+    /// Off-CPU: threads currently blocked, with where they blocked.
+    pub const OFF_CPU_START: &str = "OFF_CPU_START";
+    /// Globals: off-CPU settings.
+    pub const SWITCH_LAYOUT: &str = "SWITCH_LAYOUT";
+    pub const OFF_CPU_STATES: &str = "OFF_CPU_STATES";
+    pub const OFF_CPU_MIN_NS: &str = "OFF_CPU_MIN_NS";
+    pub const OFF_CPU_MAX_NS: &str = "OFF_CPU_MAX_NS";
+    pub const OFF_CPU_RATIO: &str = "OFF_CPU_RATIO";
+    /// Global: `[FieldLayout; 6]`, one per network kind from `kind::FIRST_NET`.
+    pub const NET_LAYOUTS: &str = "NET_LAYOUTS";
     pub const PROG_SAMPLE: &str = "sample_cpu";
     pub const PROG_EXEC: &str = "process_exec";
+    pub const PROG_SWITCH: &str = "sched_switch";
+    /// Network programs by kind, from `kind::FIRST_NET`, with their tracepoints.
+    pub const NET_PROGRAMS: [(&str, &str, &str); 6] = [
+        ("net_dev_queue", "net", "net_dev_queue"),
+        ("net_dev_xmit", "net", "net_dev_xmit"),
+        ("netif_receive_skb", "net", "netif_receive_skb"),
+        ("napi_gro_receive_entry", "net", "napi_gro_receive_entry"),
+        ("tcp_retransmit_skb", "tcp", "tcp_retransmit_skb"),
+        ("kfree_skb", "skb", "kfree_skb"),
+    ];
 }
 
 #[cfg(feature = "user")]
@@ -91,4 +236,9 @@ mod pod {
     // SAFETY: plain #[repr(C)] integers and arrays without padding holes that matter.
     unsafe impl aya::Pod for super::SampleKey {}
     unsafe impl aya::Pod for super::ProcessEvent {}
+    unsafe impl aya::Pod for super::SampleValue {}
+    unsafe impl aya::Pod for super::OffCpuStart {}
+    unsafe impl aya::Pod for super::FieldLayout {}
+    unsafe impl aya::Pod for super::SocketOwner {}
+    unsafe impl aya::Pod for super::SwitchLayout {}
 }

@@ -1,29 +1,38 @@
 //! Ember's kernel side: capture and aggregate only. Names, paths and symbols are userspace
 //! work; everything that cannot be kept is counted by reason in the set's counter array.
+//!
+//! Programs: `sample_cpu` (perf_event, on-CPU), `sched_switch` (off-CPU), one program per
+//! network tracepoint, and `process_exec` (tells userspace a process has new mappings).
 #![no_std]
 #![no_main]
 
-use agent_common::{counter, stack_status, ProcessEvent, SampleKey};
+use agent_common::{
+    attribution, block_state, counter, kind, stack_status, FieldLayout, OffCpuStart, ProcessEvent, SampleKey,
+    SampleValue, SocketOwner, SwitchLayout, COMM_LEN, IFNAMSIZ,
+};
 use aya_ebpf::{
     bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
-    helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid},
+    helpers::{
+        bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32,
+        bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
+    },
     macros::{map, perf_event, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
-    programs::{PerfEventContext, TracePointContext},
-    programs::tracing::StackIdContext,
+    programs::{tracing::StackIdContext, PerfEventContext, TracePointContext},
     EbpfContext,
 };
 
 // Sizes are defaults; the loader overrides them from the agent's configuration.
 const MAX_KEYS: u32 = 10240;
 const MAX_STACKS: u32 = 8192;
+const NET_KINDS: usize = kind::COUNT - kind::FIRST_NET as usize;
 
 // Two buffer sets: the programs write to the one ACTIVE_SET names while userspace drains and
 // clears the other, so a drain never races the kernel.
 #[map]
-static COUNTS_A: PerCpuHashMap<SampleKey, u64> = PerCpuHashMap::with_max_entries(MAX_KEYS, 0);
+static COUNTS_A: PerCpuHashMap<SampleKey, SampleValue> = PerCpuHashMap::with_max_entries(MAX_KEYS, 0);
 #[map]
-static COUNTS_B: PerCpuHashMap<SampleKey, u64> = PerCpuHashMap::with_max_entries(MAX_KEYS, 0);
+static COUNTS_B: PerCpuHashMap<SampleKey, SampleValue> = PerCpuHashMap::with_max_entries(MAX_KEYS, 0);
 #[map]
 static STACKS_A: StackTrace = StackTrace::with_max_entries(MAX_STACKS, 0);
 #[map]
@@ -43,26 +52,61 @@ static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
 /// Tgids to sample when FILTER_TGIDS is set.
 #[map]
 static TGID_FILTER: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
+/// Off-CPU: per blocked thread, where and when it blocked. LRU so that a switch-in the
+/// program never saw (it was not running) cannot leak an entry for ever.
+#[map]
+static OFF_CPU_START: LruHashMap<u32, OffCpuStart> = LruHashMap::with_max_entries(65536, 0);
+
+/// Socket (struct sock address) to its last sender and send stacks.
+#[map]
+static SOCK_OWNER: LruHashMap<u64, SocketOwner> = LruHashMap::with_max_entries(16384, 0);
 
 // Load-time configuration (rewritten by the loader before the programs are verified).
 #[no_mangle]
 static FILTER_TGIDS: u8 = 0;
 #[no_mangle]
 static FILTER_CGROUP: u64 = 0;
+#[no_mangle]
+static SWITCH_LAYOUT: SwitchLayout = SwitchLayout { prev_pid: 0, prev_state: 0, prev_state_size: 0, next_pid: 0 };
+#[no_mangle]
+static OFF_CPU_STATES: u32 = block_state::PREEMPTED | block_state::SLEEPING | block_state::UNINTERRUPTIBLE;
+#[no_mangle]
+static OFF_CPU_MIN_NS: u64 = 0;
+#[no_mangle]
+static OFF_CPU_MAX_NS: u64 = u64::MAX;
+/// Record one block in OFF_CPU_RATIO (each counted OFF_CPU_RATIO times): bounds the cost on
+/// hosts with very many context switches, without bias.
+#[no_mangle]
+static OFF_CPU_RATIO: u32 = 1;
+#[no_mangle]
+static NET_LAYOUTS: [FieldLayout; NET_KINDS] = [FieldLayout::NONE; NET_KINDS];
+#[no_mangle]
+static SKB_SK_OFFSET: u32 = FieldLayout::ABSENT;
+#[no_mangle]
+static SEND_SK_OFFSET: u32 = 0;
+#[no_mangle]
+static SEND_RET_OFFSET: u32 = 0;
+
+fn config<T: Copy>(global: &T) -> T {
+    // Volatile: the value is patched into the object after compilation.
+    unsafe { core::ptr::read_volatile(global) }
+}
 
 struct BufferSet {
-    counts: &'static PerCpuHashMap<SampleKey, u64>,
+    generation: u32,
+    index: u8,
+    counts: &'static PerCpuHashMap<SampleKey, SampleValue>,
     stacks: &'static StackTrace,
     counters: &'static PerCpuArray<u64>,
 }
 
 #[inline(always)]
 fn active_set() -> BufferSet {
-    let b = matches!(ACTIVE_SET.get(0), Some(&1));
-    if b {
-        BufferSet { counts: &COUNTS_B, stacks: &STACKS_B, counters: &COUNTERS_B }
+    let generation = ACTIVE_SET.get(0).copied().unwrap_or(0);
+    if generation & 1 == 1 {
+        BufferSet { generation, index: 1, counts: &COUNTS_B, stacks: &STACKS_B, counters: &COUNTERS_B }
     } else {
-        BufferSet { counts: &COUNTS_A, stacks: &STACKS_A, counters: &COUNTERS_A }
+        BufferSet { generation, index: 0, counts: &COUNTS_A, stacks: &STACKS_A, counters: &COUNTERS_A }
     }
 }
 
@@ -74,9 +118,9 @@ fn bump(counters: &PerCpuArray<u64>, index: u32) {
     }
 }
 
-/// Stack id, or a `stack_status` marker with its loss counted.
+/// Stack id of the current task, or a `stack_status` marker with its loss counted.
 #[inline(always)]
-fn stack_id(ctx: &PerfEventContext, set: &BufferSet, user: bool) -> i32 {
+fn stack_id<C: StackIdContext>(ctx: &C, set: &BufferSet, user: bool) -> i32 {
     let flags = if user { BPF_F_USER_STACK as u64 } else { 0 };
     match ctx.get_stackid(set.stacks, flags) {
         Ok(id) => id as i32,
@@ -95,19 +139,18 @@ fn stack_id(ctx: &PerfEventContext, set: &BufferSet, user: bool) -> i32 {
 
 #[inline(always)]
 fn passes_filters(tgid: u32) -> bool {
-    let filter_tgids = unsafe { core::ptr::read_volatile(&FILTER_TGIDS) };
-    if filter_tgids != 0 && unsafe { TGID_FILTER.get(&tgid) }.is_none() {
+    if config(&FILTER_TGIDS) != 0 && unsafe { TGID_FILTER.get(&tgid) }.is_none() {
         return false;
     }
-    let cgroup = unsafe { core::ptr::read_volatile(&FILTER_CGROUP) };
+    let cgroup = config(&FILTER_CGROUP);
     cgroup == 0 || cgroup == unsafe { bpf_get_current_cgroup_id() }
 }
 
-/// Tell userspace about a process the first time it is sampled. If the ring buffer is full,
-/// forget the process again so that the next sample retries.
+/// Tell userspace about a process the first time it is seen. If the ring buffer is full,
+/// forget the process again so that the next event retries.
 #[inline(always)]
 fn announce_process(tgid: u32, set: &BufferSet) {
-    if unsafe { KNOWN_TGIDS.get(&tgid) }.is_some() {
+    if tgid == 0 || unsafe { KNOWN_TGIDS.get(&tgid) }.is_some() {
         return;
     }
     if KNOWN_TGIDS.insert(&tgid, &1, BPF_NOEXIST as u64).is_err() {
@@ -116,6 +159,50 @@ fn announce_process(tgid: u32, set: &BufferSet) {
     if PROCESS_EVENTS.output::<ProcessEvent>(&ProcessEvent { tgid }, 0).is_err() {
         let _ = KNOWN_TGIDS.remove(&tgid);
         bump(set.counters, counter::PROCESS_EVENT_LOST);
+    }
+}
+
+/// Adds one event (or `count` sampled ones) to the key's aggregate.
+#[inline(always)]
+fn record(set: &BufferSet, key: &SampleKey, count: u64, total: u64) {
+    if let Some(value) = set.counts.get_ptr_mut(key) {
+        unsafe {
+            (*value).count += count;
+            (*value).total += total;
+        }
+        return;
+    }
+    // First event of this key in this interval: only here can the process be new to
+    // userspace, so the hot path (existing key) skips the lookup of known processes.
+    announce_process(key.tgid, set);
+    if set.counts.insert(key, &SampleValue { count, total }, BPF_NOEXIST as u64).is_err() {
+        // Either the map is full, or another CPU inserted the key first: retry once.
+        match set.counts.get_ptr_mut(key) {
+            Some(value) => unsafe {
+                (*value).count += count;
+                (*value).total += total;
+            },
+            None => bump(set.counters, counter::MAP_FULL),
+        }
+    }
+}
+
+/// Key of an event on the current task (stacks filled in by the caller).
+#[inline(always)]
+fn current_key(event_kind: u8, set: &BufferSet) -> SampleKey {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    SampleKey {
+        tgid: (pid_tgid >> 32) as u32,
+        pid: pid_tgid as u32,
+        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        user_stack_id: stack_status::NONE,
+        kernel_stack_id: stack_status::NONE,
+        comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
+        device: [0; IFNAMSIZ],
+        kind: event_kind,
+        stack_set: set.index,
+        _pad: 0,
+        aux: 0,
     }
 }
 
@@ -133,36 +220,210 @@ pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
         return 0;
     }
     bump(set.counters, counter::SAMPLES);
-
+    let mut key = current_key(kind::ON_CPU, &set);
+    key.user_stack_id = stack_id(&ctx, &set, true);
     // A sample taken in user mode has no kernel stack: skip the helper call (the kernel
     // would walk nothing and return -EFAULT). cs's low bits are the privilege level.
-    let in_user_mode = unsafe { (*ctx.ctx).regs.cs } & 3 == 3;
-    let key = SampleKey {
-        tgid,
-        pid,
-        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
-        user_stack_id: stack_id(&ctx, &set, true),
-        kernel_stack_id: if in_user_mode { stack_status::NONE } else { stack_id(&ctx, &set, false) },
-        comm: bpf_get_current_comm().unwrap_or([0; 16]),
-    };
-    if let Some(count) = set.counts.get_ptr_mut(&key) {
-        unsafe { *count += 1 };
-        return 0;
+    if unsafe { (*ctx.ctx).regs.cs } & 3 != 3 {
+        key.kernel_stack_id = stack_id(&ctx, &set, false);
     }
-    // First sample of this key in this interval: only here can the process be new to
-    // userspace, so the hot path (existing key) skips the lookup of known processes.
-    announce_process(tgid, &set);
-    if set.counts.insert(&key, &1, BPF_NOEXIST as u64).is_err() {
-        // Either the map is full, or another CPU inserted the key first: retry once.
-        match set.counts.get_ptr_mut(&key) {
-            Some(count) => unsafe { *count += 1 },
-            None => bump(set.counters, counter::MAP_FULL),
-        }
+    record(&set, &key, 1, 0);
+    0
+}
+
+/// Reads a field of the tracepoint record at an offset fixed at load time.
+#[inline(always)]
+fn field<T: Copy + Default>(ctx: &TracePointContext, offset: u32) -> T {
+    unsafe { ctx.read_at::<T>(offset as usize) }.unwrap_or_default()
+}
+
+/// Which `block_state` a sched_switch prev_state means (0: not tracked, e.g. exiting,
+/// stopped, idle kernel threads). Preemption is reported as TASK_RUNNING (0) or with the
+/// TASK_REPORT_MAX bit, above every state bit.
+#[inline(always)]
+fn block_class(prev_state: u64) -> u32 {
+    match prev_state {
+        0 => block_state::PREEMPTED,
+        1 => block_state::SLEEPING,
+        2 => block_state::UNINTERRUPTIBLE,
+        s if s >= 0x100 => block_state::PREEMPTED,
+        _ => 0,
+    }
+}
+
+/// Off-CPU: at switch-out, remember where the thread blocked (its stacks, captured now, in
+/// its own context); at switch-in, add the time it was away to that place.
+#[tracepoint]
+pub fn sched_switch(ctx: TracePointContext) -> u32 {
+    let layout = config(&SWITCH_LAYOUT);
+    let now = unsafe { bpf_ktime_get_ns() };
+    let set = active_set();
+    let prev_pid: u32 = field(&ctx, layout.prev_pid);
+    let next_pid: u32 = field(&ctx, layout.next_pid);
+    if prev_pid != 0 {
+        let state: u64 = if layout.prev_state_size == 8 {
+            field(&ctx, layout.prev_state)
+        } else {
+            field::<u32>(&ctx, layout.prev_state) as u64
+        };
+        switch_out(&ctx, &set, state, now);
+    }
+    if next_pid != 0 {
+        switch_in(&set, next_pid, now);
     }
     0
 }
 
-/// After exec a process has new mappings: forget it so its next sample announces it again.
+#[inline(always)]
+fn switch_out(ctx: &TracePointContext, set: &BufferSet, state: u64, now: u64) {
+    let class = block_class(state);
+    if class & config(&OFF_CPU_STATES) == 0 {
+        return;
+    }
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !passes_filters(tgid) {
+        return;
+    }
+    let ratio = config(&OFF_CPU_RATIO);
+    if ratio > 1 && unsafe { bpf_get_prandom_u32() } % ratio != 0 {
+        return;
+    }
+    let mut key = current_key(kind::OFF_CPU, set);
+    key.aux = class;
+    key.user_stack_id = stack_id(ctx, set, true);
+    key.kernel_stack_id = stack_id(ctx, set, false);
+    if OFF_CPU_START.insert(&key.pid, &OffCpuStart { key, start_ns: now }, 0).is_err() {
+        bump(set.counters, counter::OFF_CPU_TABLE_FULL);
+    }
+}
+
+#[inline(always)]
+fn switch_in(set: &BufferSet, pid: u32, now: u64) {
+    let Some(start) = OFF_CPU_START.get_ptr(&pid) else { return };
+    let start = unsafe { *start };
+    let _ = OFF_CPU_START.remove(&pid);
+    let blocked = now.saturating_sub(start.start_ns);
+    if blocked < config(&OFF_CPU_MIN_NS) || blocked > config(&OFF_CPU_MAX_NS) {
+        bump(set.counters, counter::OFF_CPU_OUT_OF_RANGE);
+        return;
+    }
+    let ratio = config(&OFF_CPU_RATIO) as u64;
+    bump(set.counters, counter::OFF_CPU_BLOCKS);
+    record(set, &start.key, ratio, blocked * ratio);
+}
+
+/// A network event on the current task: packets and bytes by stack and device.
+#[inline(always)]
+fn record_net(ctx: &TracePointContext, event_kind: u8) -> u32 {
+    let set = active_set();
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !passes_filters(tgid) {
+        bump(set.counters, counter::FILTERED);
+        return 0;
+    }
+    let layouts = config(&NET_LAYOUTS);
+    let Some(layout) = layouts.get((event_kind - kind::FIRST_NET) as usize) else { return 0 };
+    let mut key = current_key(event_kind, &set);
+    let len: u32 = if layout.len != FieldLayout::ABSENT { field(ctx, layout.len) } else { 0 };
+    if layout.name != FieldLayout::ABSENT {
+        // __data_loc: low 16 bits are the string's offset in the record, high 16 its length.
+        let loc: u32 = field(ctx, layout.name);
+        let name = unsafe { (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize) };
+        let _ = unsafe { bpf_probe_read_kernel_str_bytes(name, &mut key.device) };
+    }
+    if layout.reason != FieldLayout::ABSENT {
+        key.aux = field(ctx, layout.reason);
+    }
+    bump(set.counters, counter::NET_EVENTS);
+    let transmit = event_kind == kind::NET_DEV_QUEUE || event_kind == kind::NET_DEV_XMIT;
+    if transmit {
+        if let Some(owner) = socket_owner(ctx, layout, &set) {
+            let mut attributed = owner.key;
+            attributed.kind = event_kind;
+            attributed.device = key.device;
+            attributed.aux = attribution::SOCKET_OWNER;
+            record(&set, &attributed, 1, len as u64);
+            return 0;
+        }
+    }
+    key.user_stack_id = stack_id(ctx, &set, true);
+    key.kernel_stack_id = stack_id(ctx, &set, false);
+    record(&set, &key, 1, len as u64);
+    0
+}
+
+/// The last sender on the packet's socket, if its stacks are recent enough to be valid
+/// (captured in this interval or the previous one).
+#[inline(always)]
+fn socket_owner(ctx: &TracePointContext, layout: &FieldLayout, set: &BufferSet) -> Option<SocketOwner> {
+    let sk_offset = config(&SKB_SK_OFFSET);
+    if sk_offset == FieldLayout::ABSENT || layout.skbaddr == FieldLayout::ABSENT {
+        return None;
+    }
+    let skb: u64 = field(ctx, layout.skbaddr);
+    let sk: u64 = unsafe { bpf_probe_read_kernel((skb + sk_offset as u64) as *const u64) }.ok()?;
+    let owner = unsafe { *SOCK_OWNER.get_ptr(&sk)? };
+    (owner.generation.wrapping_add(1) >= set.generation).then_some(owner)
+}
+
+/// Remembers who sends on each socket, with the send stacks: once per socket, thread and
+/// interval, so a busy sender pays for stack capture once per interval, not per call.
+#[tracepoint]
+pub fn sock_send_length(ctx: TracePointContext) -> u32 {
+    let sent: i32 = field(&ctx, config(&SEND_RET_OFFSET));
+    if sent <= 0 {
+        return 0;
+    }
+    let sk: u64 = field(&ctx, config(&SEND_SK_OFFSET));
+    let set = active_set();
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if let Some(owner) = SOCK_OWNER.get_ptr(&sk) {
+        let owner = unsafe { &*owner };
+        if owner.generation == set.generation && owner.key.pid == pid_tgid as u32 {
+            return 0;
+        }
+    }
+    if !passes_filters((pid_tgid >> 32) as u32) {
+        return 0;
+    }
+    let mut key = current_key(kind::NET_DEV_QUEUE, &set);
+    key.user_stack_id = stack_id(&ctx, &set, true);
+    key.kernel_stack_id = stack_id(&ctx, &set, false);
+    let _ = SOCK_OWNER.insert(&sk, &SocketOwner { key, generation: set.generation, _pad: 0 }, 0);
+    0
+}
+
+#[tracepoint]
+pub fn net_dev_queue(ctx: TracePointContext) -> u32 {
+    record_net(&ctx, kind::NET_DEV_QUEUE)
+}
+
+#[tracepoint]
+pub fn net_dev_xmit(ctx: TracePointContext) -> u32 {
+    record_net(&ctx, kind::NET_DEV_XMIT)
+}
+
+#[tracepoint]
+pub fn netif_receive_skb(ctx: TracePointContext) -> u32 {
+    record_net(&ctx, kind::NETIF_RECEIVE_SKB)
+}
+
+#[tracepoint]
+pub fn napi_gro_receive_entry(ctx: TracePointContext) -> u32 {
+    record_net(&ctx, kind::NAPI_GRO_RECEIVE_ENTRY)
+}
+
+#[tracepoint]
+pub fn tcp_retransmit_skb(ctx: TracePointContext) -> u32 {
+    record_net(&ctx, kind::TCP_RETRANSMIT_SKB)
+}
+
+#[tracepoint]
+pub fn kfree_skb(ctx: TracePointContext) -> u32 {
+    record_net(&ctx, kind::KFREE_SKB)
+}
+
+/// After exec a process has new mappings: forget it so its next event announces it again.
 #[tracepoint]
 pub fn process_exec(ctx: TracePointContext) -> u32 {
     let tgid = ctx.tgid();

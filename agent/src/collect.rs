@@ -1,6 +1,6 @@
 //! Collection: owns the loaded sampler, reacts to new-process announcements from the kernel
 //! (capturing mappings while the process runs), and turns each drain into a resolved interval.
-use agent_common::ProcessEvent;
+use agent_common::{kind, ProcessEvent};
 use anyhow::{Context as _, Result};
 use aya::maps::{MapData, RingBuf};
 use tokio::io::unix::AsyncFd;
@@ -8,8 +8,9 @@ use tokio::io::unix::AsyncFd;
 use crate::{
     cgroups::CgroupNames,
     procs::ProcessTable,
-    resolve::{resolve, ResolvedInterval},
+    resolve::{resolve, DropReasons, ResolvedInterval},
     sampler::{Sampler, SamplerOptions},
+    tracefs::Format,
 };
 
 pub struct Collector {
@@ -17,12 +18,18 @@ pub struct Collector {
     process_events: AsyncFd<RingBuf<MapData>>,
     pub processes: ProcessTable,
     cgroups: CgroupNames,
+    drop_reasons: DropReasons,
 }
 
 impl Collector {
     /// Must be called inside a tokio runtime.
     pub fn start(options: &SamplerOptions) -> Result<Collector> {
         let (sampler, ring) = Sampler::start(options)?;
+        let drop_reasons = if options.net.iter().any(|e| e.kind() == kind::KFREE_SKB) {
+            Format::read("skb", "kfree_skb")?.symbols("reason")
+        } else {
+            DropReasons::new()
+        };
         // SAFETY: the ring buffer owns its map fd, which stays open and unchanged for as
         // long as the AsyncFd owns the ring buffer.
         let process_events = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
@@ -32,6 +39,7 @@ impl Collector {
             process_events,
             processes: ProcessTable::default(),
             cgroups: CgroupNames::new(),
+            drop_reasons,
         })
     }
 
@@ -63,7 +71,7 @@ impl Collector {
     pub fn drain(&mut self) -> Result<ResolvedInterval> {
         self.read_process_events();
         let raw = self.sampler.drain()?;
-        let interval = resolve(raw, &mut self.processes, &mut self.cgroups);
+        let interval = resolve(raw, &mut self.processes, &mut self.cgroups, &self.drop_reasons);
         self.processes.sweep();
         Ok(interval)
     }

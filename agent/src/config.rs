@@ -24,6 +24,13 @@ pub struct FileConfig {
     pub max_stacks: Option<u32>,
     pub pids: Option<Vec<u32>>,
     pub cgroup: Option<String>,
+    /// "cpu", "offcpu", "net".
+    pub events: Option<Vec<String>>,
+    pub net_events: Option<Vec<String>>,
+    pub offcpu_min_block: Option<String>,
+    pub offcpu_max_block: Option<String>,
+    pub offcpu_states: Option<Vec<String>>,
+    pub offcpu_sample_ratio: Option<u32>,
 }
 
 impl FileConfig {
@@ -38,18 +45,19 @@ impl FileConfig {
     }
 }
 
-/// Parses "10s", "500ms", "2m", "1h" (a bare number is seconds).
+/// Parses "10s", "500ms", "100us", "2m", "1h" (a bare number is seconds).
 pub fn parse_duration(text: &str) -> Result<Duration> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
     let value: f64 = number.parse().with_context(|| format!("invalid duration {text:?}: expected e.g. 10s, 500ms, 2m"))?;
     let seconds = match unit.trim() {
+        "us" => value / 1e6,
         "ms" => value / 1000.0,
         "" | "s" => value,
         "m" => value * 60.0,
         "h" => value * 3600.0,
-        other => bail!("invalid duration {text:?}: unknown unit {other:?} (use ms, s, m or h)"),
+        other => bail!("invalid duration {text:?}: unknown unit {other:?} (use us, ms, s, m or h)"),
     };
     if !(seconds > 0.0 && seconds.is_finite()) {
         bail!("invalid duration {text:?}: must be positive");

@@ -2,7 +2,7 @@
 //! and hands the interval to the pipeline; on SIGINT/SIGTERM the partial interval is flushed.
 use std::path::PathBuf;
 
-use agent_common::counter;
+use agent_common::{block_state, counter, kind};
 use anyhow::{Context as _, Result};
 use clap::Args;
 use tokio::{
@@ -17,7 +17,8 @@ use crate::{
     output::Outputs,
     pipeline::Pipeline,
     resolve::ResolvedInterval,
-    sampler::{Event, SamplerOptions},
+    profiles::ProfileKind,
+    sampler::{Event, NetEvent, OffCpuOptions, SamplerOptions},
     SamplingArgs,
 };
 
@@ -43,14 +44,82 @@ pub fn sampler_options(args: &SamplingArgs, file: &FileConfig, default_frequency
     let frequency = args.frequency.or(file.frequency).unwrap_or(default_frequency);
     anyhow::ensure!((1..=100_000).contains(&frequency), "frequency {frequency} Hz is out of range (1-100000)");
     let cgroup = args.cgroup.clone().or(file.cgroup.clone());
+    let pick = |flag: &Vec<String>, file: &Option<Vec<String>>| {
+        if flag.is_empty() { file.clone().unwrap_or_default() } else { flag.clone() }
+    };
+    let mut events = pick(&args.events, &file.events);
+    if events.is_empty() {
+        events.push("cpu".into());
+    }
+    if let Some(unknown) = events.iter().find(|e| !["cpu", "offcpu", "net"].contains(&e.as_str())) {
+        anyhow::bail!("unknown event group {unknown:?}: use cpu, offcpu or net");
+    }
+    let has = |group: &str| events.iter().any(|e| e == group);
+    let off_cpu = has("offcpu").then(|| off_cpu_options(args, file)).transpose()?;
+    let mut net_names = pick(&args.net_events, &file.net_events);
+    if net_names.is_empty() && has("net") {
+        net_names = NetEvent::DEFAULT.iter().map(|s| s.to_string()).collect();
+    }
+    anyhow::ensure!(net_names.is_empty() || has("net"), "network events were chosen but the net group is off: add --events net");
+    let mut net = Vec::new();
+    for name in &net_names {
+        let event = NetEvent::parse(name)?;
+        if !net.contains(&event) {
+            net.push(event);
+        }
+    }
     Ok(SamplerOptions {
+        cpu: has("cpu"),
         event: args.event.or(file.event).unwrap_or(Event::CpuClock),
         frequency,
+        off_cpu,
+        net,
         max_keys: args.max_keys.or(file.max_keys).unwrap_or(config::DEFAULT_MAX_KEYS),
         max_stacks: args.max_stacks.or(file.max_stacks).unwrap_or(config::DEFAULT_MAX_STACKS),
         pids: if args.pids.is_empty() { file.pids.clone().unwrap_or_default() } else { args.pids.clone() },
         cgroup_id: cgroup.as_deref().map(cgroups::cgroup_id).transpose()?,
     })
+}
+
+fn off_cpu_options(args: &SamplingArgs, file: &FileConfig) -> Result<OffCpuOptions> {
+    let duration_ns = |flag: &Option<String>, file: &Option<String>| -> Result<Option<u64>> {
+        flag.clone().or(file.clone()).map(|d| parse_duration(&d).map(|d| d.as_nanos() as u64)).transpose()
+    };
+    let states = if args.offcpu_states.is_empty() { file.offcpu_states.clone().unwrap_or_default() } else { args.offcpu_states.clone() };
+    let mut bits = 0;
+    for state in &states {
+        bits |= match state.as_str() {
+            "sleeping" => block_state::SLEEPING,
+            "uninterruptible" => block_state::UNINTERRUPTIBLE,
+            "preempted" => block_state::PREEMPTED,
+            other => anyhow::bail!("unknown off-CPU state {other:?}: use sleeping, uninterruptible or preempted"),
+        };
+    }
+    let ratio = args.offcpu_sample_ratio.or(file.offcpu_sample_ratio).unwrap_or(1);
+    anyhow::ensure!(ratio >= 1, "offcpu_sample_ratio must be at least 1");
+    Ok(OffCpuOptions {
+        states: if bits == 0 { block_state::SLEEPING | block_state::UNINTERRUPTIBLE | block_state::PREEMPTED } else { bits },
+        min_block_ns: duration_ns(&args.offcpu_min_block, &file.offcpu_min_block)?.unwrap_or(0),
+        max_block_ns: duration_ns(&args.offcpu_max_block, &file.offcpu_max_block)?.unwrap_or(u64::MAX),
+        ratio,
+    })
+}
+
+/// The profiles the chosen events make, in a fixed order.
+pub fn profile_kinds(options: &SamplerOptions) -> Vec<ProfileKind> {
+    let net_has = |kinds: &[u8]| options.net.iter().any(|e| kinds.contains(&e.kind()));
+    ProfileKind::ALL
+        .into_iter()
+        .filter(|kind| match kind {
+            ProfileKind::Cpu => options.cpu,
+            ProfileKind::OffCpu => options.off_cpu.is_some(),
+            ProfileKind::Wall => options.cpu && options.off_cpu.is_some(),
+            ProfileKind::NetTx => net_has(&[kind::NET_DEV_QUEUE, kind::NET_DEV_XMIT]),
+            ProfileKind::NetRx => net_has(&[kind::NETIF_RECEIVE_SKB, kind::NAPI_GRO_RECEIVE_ENTRY]),
+            ProfileKind::NetRetransmit => net_has(&[kind::TCP_RETRANSMIT_SKB]),
+            ProfileKind::NetDrop => net_has(&[kind::KFREE_SKB]),
+        })
+        .collect()
 }
 
 /// Resolves on the first SIGINT or SIGTERM.
@@ -76,6 +145,9 @@ pub fn report_losses(interval: &ResolvedInterval) {
     if errors > 0 {
         tracing::warn!(errors, "stacks that could not be captured; their samples are kept");
     }
+    if lost(counter::OFF_CPU_TABLE_FULL) > 0 {
+        tracing::warn!(lost = lost(counter::OFF_CPU_TABLE_FULL), "off-CPU blocks not tracked: blocked-thread table full");
+    }
     if lost(counter::PROCESS_EVENT_LOST) > 0 {
         tracing::warn!(lost = lost(counter::PROCESS_EVENT_LOST), "new-process notifications delayed: ring buffer full");
     }
@@ -95,9 +167,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
     let mut collector = Collector::start(&options)?;
     let pipeline = Pipeline::spawn(options.event.name(), options.frequency);
+    let kinds = profile_kinds(&options);
+    let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
     tracing::info!(
         frequency = options.frequency, event = options.event.name(), interval = ?every, dir = %dir.display(),
-        "profiling every CPU"
+        profiles = ?names, "profiling every CPU"
     );
     let mut ticks = interval_at(Instant::now() + every, every);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -115,8 +189,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
         let interval = collector.drain()?;
         report_losses(&interval);
-        let outputs = Outputs::in_dir(&dir, interval.start.unwrap_or_else(std::time::SystemTime::now), flamegraphs);
-        pipeline.submit(interval, outputs);
+        let start = interval.start.unwrap_or_else(std::time::SystemTime::now);
+        let plan = kinds.iter().map(|kind| (*kind, Outputs::in_dir(&dir, kind.name(), start, flamegraphs))).collect();
+        pipeline.submit(interval, plan);
     }
     drop(collector);
     pipeline.finish();

@@ -1,5 +1,6 @@
 //! ember-agent: an eBPF continuous profiler. `run` profiles the host continuously and writes
 //! one profile per interval; `record` profiles once and writes one profile.
+mod btf;
 mod cgroups;
 mod collect;
 mod config;
@@ -9,10 +10,12 @@ mod pipeline;
 mod pprof;
 mod preflight;
 mod procs;
+mod profiles;
 mod record;
 mod resolve;
 mod sampler;
 mod symbolize;
+mod tracefs;
 mod views;
 
 use std::{path::PathBuf, process::ExitCode};
@@ -42,6 +45,26 @@ enum Command {
 /// Sampling options shared by `run` and `record`.
 #[derive(Args, Debug, Clone, Default)]
 pub struct SamplingArgs {
+    /// Event groups to record: cpu (on-CPU sampling), offcpu (blocked time, by where threads
+    /// blocked; with cpu also a wall-clock profile), net (network tracepoints) [default: cpu].
+    #[arg(long, value_delimiter = ',', value_parser = ["cpu", "offcpu", "net"])]
+    events: Vec<String>,
+    /// Network tracepoints for the net group [default: net:net_dev_queue,
+    /// net:netif_receive_skb, tcp:tcp_retransmit_skb, skb:kfree_skb].
+    #[arg(long, value_delimiter = ',')]
+    net_events: Vec<String>,
+    /// Off-CPU: ignore blocks shorter than this (e.g. 100us, 1ms) [default: 0].
+    #[arg(long)]
+    offcpu_min_block: Option<String>,
+    /// Off-CPU: ignore blocks longer than this [default: none].
+    #[arg(long)]
+    offcpu_max_block: Option<String>,
+    /// Off-CPU: task states to include [default: sleeping,uninterruptible,preempted].
+    #[arg(long, value_delimiter = ',', value_parser = ["sleeping", "uninterruptible", "preempted"])]
+    offcpu_states: Vec<String>,
+    /// Off-CPU: record one block in N (each counted N times) to bound cost [default: 1].
+    #[arg(long)]
+    offcpu_sample_ratio: Option<u32>,
     /// Samples per second per CPU [run: 19, record: 99].
     #[arg(short = 'F', long)]
     frequency: Option<u64>,

@@ -16,9 +16,9 @@ pub struct Outputs {
 }
 
 impl Outputs {
-    /// The daemon's per-interval file names: <dir>/cpu-<UTC start>.{pb.gz,folded,svg}.
-    pub fn in_dir(dir: &Path, start: SystemTime, flamegraphs: bool) -> Outputs {
-        let base = dir.join(format!("cpu-{}", utc_stamp(start)));
+    /// The daemon's per-interval file names: <dir>/<kind>-<UTC start>.{pb.gz,folded,svg}.
+    pub fn in_dir(dir: &Path, kind: &str, start: SystemTime, flamegraphs: bool) -> Outputs {
+        let base = dir.join(format!("{kind}-{}", utc_stamp(start)));
         let with = |ext: &str| PathBuf::from(format!("{}.{ext}", base.display()));
         Outputs {
             pprof: Some(with("pb.gz")),
@@ -26,6 +26,16 @@ impl Outputs {
             flamegraph: flamegraphs.then(|| with("svg")),
         }
     }
+}
+
+/// For a recording of several kinds: "out.pb.gz" becomes "out-offcpu.pb.gz", and so on.
+pub fn with_kind(path: &Path, kind: &str) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let (stem, extension) = match name.find('.') {
+        Some(dot) => (&name[..dot], &name[dot..]),
+        None => (name.as_str(), ""),
+    };
+    path.with_file_name(format!("{stem}-{kind}{extension}"))
 }
 
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -72,5 +82,11 @@ mod tests {
         // Leap day.
         let t = UNIX_EPOCH + Duration::from_secs(1_709_164_800);
         assert_eq!(utc_stamp(t), "20240229T000000.000Z");
+    }
+
+    #[test]
+    fn kinds_go_before_the_extension() {
+        assert_eq!(with_kind(Path::new("/tmp/out.pb.gz"), "offcpu"), PathBuf::from("/tmp/out-offcpu.pb.gz"));
+        assert_eq!(with_kind(Path::new("flame"), "wall"), PathBuf::from("flame-wall"));
     }
 }

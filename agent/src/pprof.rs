@@ -10,6 +10,7 @@ use flate2::{write::GzEncoder, Compression};
 
 use crate::{
     procs::UserAddress,
+    profiles::{attribution_label, state_label, tracepoint_label, ProfileKind},
     resolve::{ResolvedInterval, Site},
     symbolize::{Frame, Symbolizer},
 };
@@ -28,6 +29,10 @@ pub const COUNTER_NAMES: [(u32, &str); counter::COUNT as usize] = [
     (counter::PROCESS_EVENT_LOST, "process_event_lost"),
     (counter::IDLE, "idle"),
     (counter::FILTERED, "filtered"),
+    (counter::OFF_CPU_TABLE_FULL, "off_cpu_table_full"),
+    (counter::OFF_CPU_OUT_OF_RANGE, "off_cpu_out_of_range"),
+    (counter::NET_EVENTS, "net_events"),
+    (counter::OFF_CPU_BLOCKS, "off_cpu_blocks"),
 ];
 
 pub struct ProfileInfo<'a> {
@@ -146,36 +151,49 @@ impl Builder {
     }
 }
 
-/// Builds the on-CPU profile: values samples/count and cpu/nanoseconds.
-pub fn build(interval: &ResolvedInterval, symbols: &Symbolizer, info: &ProfileInfo) -> Profile {
+/// Builds the interval's profile of one kind.
+pub fn build(interval: &ResolvedInterval, symbols: &Symbolizer, info: &ProfileInfo, kind: ProfileKind) -> Profile {
     let mut b = Builder::default();
     b.string("");
     let period = 1_000_000_000 / info.frequency.max(1) as i64;
-    let samples = ValueType { r#type: b.string("samples"), unit: b.string("count") };
-    let cpu = ValueType { r#type: b.string("cpu"), unit: b.string("nanoseconds") };
-    b.profile.sample_type = vec![samples, cpu];
-    b.profile.period_type = Some(cpu);
-    b.profile.period = period;
-    b.profile.default_sample_type = 1;
+    b.profile.sample_type =
+        kind.sample_types().iter().map(|(t, u)| ValueType { r#type: b.string(t), unit: b.string(u) }).collect();
+    if kind == ProfileKind::Cpu {
+        b.profile.period_type = b.profile.sample_type.get(1).copied();
+        b.profile.period = period;
+    }
+    let prefix = kind.task_label_prefix();
 
-    for sample in &interval.samples {
+    for sample in interval.samples.iter().filter(|s| kind.includes(s.kind)) {
         let location_id: Vec<u64> = sample.stack.iter().map(|site| b.location(site, symbols)).collect();
-        let label = vec![
-            b.label_num("pid", sample.tgid as i64),
-            b.label_num("tid", sample.pid as i64),
-            b.label_str("comm", &sample.comm),
-            b.label_str("process", &sample.process),
+        let mut label = vec![
+            b.label_num(&format!("{prefix}pid"), sample.tgid as i64),
+            b.label_num(&format!("{prefix}tid"), sample.pid as i64),
+            b.label_str(&format!("{prefix}comm"), &sample.comm),
+            b.label_str(&format!("{prefix}process"), &sample.process),
             b.label_str("cgroup", &sample.cgroup),
         ];
-        let count = sample.count as i64;
+        match kind {
+            ProfileKind::OffCpu | ProfileKind::Wall => label.push(b.label_str("state", state_label(sample.kind, sample.state))),
+            ProfileKind::NetTx | ProfileKind::NetRx => {
+                label.push(b.label_str("device", &sample.device));
+                label.push(b.label_str("tracepoint", tracepoint_label(sample.kind)));
+                if kind == ProfileKind::NetTx {
+                    label.push(b.label_str("attributed_to", attribution_label(sample.state)));
+                }
+            }
+            ProfileKind::NetDrop => label.push(b.label_str("reason", sample.reason.as_deref().unwrap_or(""))),
+            ProfileKind::Cpu | ProfileKind::NetRetransmit => {}
+        }
+        let values = kind.values(sample, period);
         let key = (location_id, label.iter().map(|l| (l.key, l.str, l.num)).collect());
         if let Some(&index) = b.samples.get(&key) {
-            let values = &mut b.profile.sample[index].value;
-            values[0] += count;
-            values[1] += count * period;
+            for (total, add) in b.profile.sample[index].value.iter_mut().zip(values) {
+                *total += add;
+            }
         } else {
             b.samples.insert(key.clone(), b.profile.sample.len());
-            b.profile.sample.push(Sample { location_id: key.0, value: vec![count, count * period], label });
+            b.profile.sample.push(Sample { location_id: key.0, value: values, label });
         }
     }
 
@@ -184,7 +202,13 @@ pub fn build(interval: &ResolvedInterval, symbols: &Symbolizer, info: &ProfileIn
     };
     b.profile.time_nanos = nanos(interval.start);
     b.profile.duration_nanos = (nanos(interval.end) - b.profile.time_nanos).max(0);
-    let mut comments = vec![format!("ember.event={} ember.frequency={}", info.event, info.frequency)];
+    let mut comments = vec![format!(
+        "ember.kind={} ember.event={} ember.frequency={}",
+        kind.name(),
+        info.event,
+        info.frequency
+    )];
+    comments.extend(kind.comment().map(str::to_string));
     comments.extend(COUNTER_NAMES.iter().map(|(i, name)| format!("ember.counter.{name}={}", interval.counter(*i))));
     b.profile.comment = comments.iter().map(|c| b.string(c)).collect();
     b.profile

@@ -8,9 +8,10 @@ use tokio::time::{interval, sleep_until, Instant, MissedTickBehavior};
 use crate::{
     collect::Collector,
     config::{self, parse_duration},
-    daemon::{report_losses, sampler_options, shutdown_signal},
-    output::Outputs,
+    daemon::{profile_kinds, report_losses, sampler_options, shutdown_signal},
+    output::{self, Outputs},
     pipeline::Pipeline,
+    profiles::ProfileKind,
     resolve::ResolvedInterval,
     SamplingArgs,
 };
@@ -58,8 +59,8 @@ pub async fn record(args: RecordArgs) -> Result<()> {
             _ = drains.tick() => {
                 recorded.merge(collector.drain()?);
                 if progress {
-                    let samples: u64 = recorded.samples.iter().map(|s| s.count).sum();
-                    eprint!("\rrecording: {:.0}s / {:.0}s, {samples} samples ", started.elapsed().as_secs_f64(), args.duration.as_secs_f64());
+                    let events: u64 = recorded.samples.iter().map(|s| s.value.count).sum();
+                    eprint!("\rrecording: {:.0}s / {:.0}s, {events} events ", started.elapsed().as_secs_f64(), args.duration.as_secs_f64());
                 }
             }
             _ = sleep_until(deadline) => break,
@@ -75,15 +76,34 @@ pub async fn record(args: RecordArgs) -> Result<()> {
         eprintln!();
     }
     report_losses(&recorded);
-    let outputs = Outputs { pprof: Some(args.output), folded: args.folded, flamegraph: args.flamegraph };
-    let written = pipeline.process(recorded, outputs)?;
+    let kinds = profile_kinds(&options);
+    let several = kinds.len() > 1;
+    let path = |path: &Option<PathBuf>, kind: ProfileKind| {
+        path.as_ref().map(|p| if several { output::with_kind(p, kind.name()) } else { p.clone() })
+    };
+    let plan = kinds
+        .iter()
+        .map(|&kind| {
+            let outputs = Outputs {
+                pprof: path(&Some(args.output.clone()), kind),
+                folded: path(&args.folded, kind),
+                flamegraph: path(&args.flamegraph, kind),
+            };
+            (kind, outputs)
+        })
+        .collect();
+    let written = pipeline.process(recorded, plan)?;
     pipeline.finish();
-    eprintln!(
-        "recorded {} samples from {} processes in {:.1}s: {}",
-        written.samples,
-        written.processes,
-        started.elapsed().as_secs_f64(),
-        written.files.join(", ")
-    );
+    for w in written {
+        let (unit, _) = w.kind.sample_types()[0];
+        eprintln!(
+            "{}: {} {unit} from {} processes in {:.1}s: {}",
+            w.kind.name(),
+            w.events,
+            w.processes,
+            started.elapsed().as_secs_f64(),
+            w.files.join(", ")
+        );
+    }
     Ok(())
 }

@@ -1,9 +1,9 @@
 //! Resolve: turns a drained interval's kernel ids (tgid, stack ids, cgroup id) into what the
 //! later stages need: processes, thread names, cgroup paths and user addresses as binary +
 //! file offset. Runs right after the drain, while short-lived processes may still exist.
-use std::time::SystemTime;
+use std::{collections::HashMap, time::SystemTime};
 
-use agent_common::{counter, stack_status, SampleKey};
+use agent_common::{counter, kind, stack_status, SampleKey, SampleValue};
 
 use crate::{
     cgroups::CgroupNames,
@@ -46,14 +46,22 @@ pub enum Site {
 
 #[derive(Debug, Clone)]
 pub struct ResolvedSample {
+    /// One of `agent_common::kind`.
+    pub kind: u8,
     pub tgid: u32,
     pub pid: u32,
     pub comm: String,
     pub process: String,
     pub cgroup: String,
+    /// Network device, for network kinds.
+    pub device: String,
+    /// Off-CPU: `block_state`. Transmits: `attribution`. Else 0.
+    pub state: u32,
+    /// kfree_skb: the drop reason's name.
+    pub reason: Option<String>,
     /// Leaf first: kernel frames, then user frames.
     pub stack: Vec<Site>,
-    pub count: u64,
+    pub value: SampleValue,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -80,49 +88,58 @@ impl ResolvedInterval {
     }
 }
 
-pub fn resolve(raw: RawInterval, procs: &mut ProcessTable, cgroups: &mut CgroupNames) -> ResolvedInterval {
+/// Names of kfree_skb drop reasons (from its tracepoint format), by value.
+pub type DropReasons = HashMap<u32, String>;
+
+pub fn resolve(raw: RawInterval, procs: &mut ProcessTable, cgroups: &mut CgroupNames, reasons: &DropReasons) -> ResolvedInterval {
     let samples = raw
         .counts
         .iter()
-        .map(|(key, count)| {
+        .map(|(key, value)| {
             let process = procs.get(key.tgid).map(|p| p.name.clone()).unwrap_or_default();
+            let reason = (key.kind == kind::KFREE_SKB)
+                .then(|| reasons.get(&key.aux).cloned().unwrap_or_else(|| format!("reason {}", key.aux)));
             ResolvedSample {
+                kind: key.kind,
                 tgid: key.tgid,
                 pid: key.pid,
-                comm: comm(key),
+                comm: c_string(&key.comm),
                 process,
                 cgroup: cgroups.name(key.cgroup_id),
+                device: c_string(&key.device),
+                state: key.aux,
+                reason,
                 stack: stack(key, &raw, procs),
-                count: *count,
+                value: *value,
             }
         })
         .collect();
     ResolvedInterval { start: raw.start, end: raw.end, samples, counters: raw.counters }
 }
 
-fn comm(key: &SampleKey) -> String {
-    let len = key.comm.iter().position(|&b| b == 0).unwrap_or(key.comm.len());
-    String::from_utf8_lossy(&key.comm[..len]).into_owned()
+fn c_string(bytes: &[u8]) -> String {
+    let len = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..len]).into_owned()
 }
 
 fn stack(key: &SampleKey, raw: &RawInterval, procs: &mut ProcessTable) -> Vec<Site> {
     let mut sites = Vec::new();
-    push_stack(&mut sites, raw, key.kernel_stack_id, false, |addr| Site::Kernel(addr));
-    push_stack(&mut sites, raw, key.user_stack_id, true, |addr| Site::User(procs.resolve(key.tgid, addr)));
+    push_stack(&mut sites, raw, key.stack_set, key.kernel_stack_id, false, |addr| Site::Kernel(addr));
+    push_stack(&mut sites, raw, key.stack_set, key.user_stack_id, true, |addr| Site::User(procs.resolve(key.tgid, addr)));
     if sites.is_empty() {
         sites.push(Site::Marker(Marker::NoStack));
     }
     sites
 }
 
-fn push_stack(sites: &mut Vec<Site>, raw: &RawInterval, id: i32, user: bool, mut site: impl FnMut(u64) -> Site) {
+fn push_stack(sites: &mut Vec<Site>, raw: &RawInterval, set: u8, id: i32, user: bool, mut site: impl FnMut(u64) -> Site) {
     match id {
         stack_status::NONE => {}
         stack_status::COLLISION => {
             sites.push(Site::Marker(if user { Marker::UserCollision } else { Marker::KernelCollision }))
         }
         id if id < 0 => sites.push(Site::Marker(if user { Marker::UserError } else { Marker::KernelError })),
-        id => match raw.stacks.get(&(id as u32)) {
+        id => match raw.stacks.get(&(set, id as u32)) {
             // Frames above the leaf are return addresses: step back into the call instruction
             // so that the call site, not the next line, is symbolized.
             Some(ips) => sites.extend(ips.iter().enumerate().map(|(i, &ip)| site(if i == 0 { ip } else { ip - 1 }))),

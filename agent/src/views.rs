@@ -7,9 +7,10 @@ use ember_proto::pprof::Profile;
 
 use crate::pprof::KERNEL_MAPPING;
 
-/// Folded stacks of the profile's value `value_index`, rooted at the thread name. Kernel
-/// frames carry the `_[k]` suffix and inlined functions `_[i]`, as perf's folded output does.
-pub fn folded(profile: &Profile, value_index: usize) -> Vec<String> {
+/// Folded stacks of the profile's value `value_index`, rooted at the values of
+/// `root_labels` (e.g. the thread name). Kernel frames carry the `_[k]` suffix and inlined
+/// functions `_[i]`, as perf's folded output does.
+pub fn folded(profile: &Profile, value_index: usize, root_labels: &[&str]) -> Vec<String> {
     let s = |i: i64| profile.string_table.get(i as usize).map(String::as_str).unwrap_or("");
     let functions: HashMap<u64, &str> = profile.function.iter().map(|f| (f.id, s(f.name))).collect();
     let kernel_mappings: Vec<u64> =
@@ -34,11 +35,17 @@ pub fn folded(profile: &Profile, value_index: usize) -> Vec<String> {
             (loc.id, names)
         })
         .collect();
-    let comm_key = profile.string_table.iter().position(|k| k == "comm").map(|i| i as i64);
+    let root_keys: Vec<Option<i64>> =
+        root_labels.iter().map(|name| profile.string_table.iter().position(|k| k == name).map(|i| i as i64)).collect();
     let mut stacks: BTreeMap<String, i64> = BTreeMap::new();
     for sample in &profile.sample {
-        let comm = sample.label.iter().find(|l| Some(l.key) == comm_key).map_or("", |l| s(l.str));
-        let mut frames = vec![if comm.is_empty() { "[unknown]".to_string() } else { comm.replace(';', ":") }];
+        let mut frames: Vec<String> = root_keys
+            .iter()
+            .map(|key| {
+                let value = sample.label.iter().find(|l| Some(l.key) == *key).map_or("", |l| s(l.str));
+                if value.is_empty() { "[unknown]".to_string() } else { value.replace(';', ":") }
+            })
+            .collect();
         for id in sample.location_id.iter().rev() {
             frames.extend(locations.get(id).into_iter().flatten().cloned());
         }

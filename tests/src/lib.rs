@@ -41,6 +41,51 @@ pub fn cgroup2_root() -> PathBuf {
         .expect("no cgroup2 filesystem mounted")
 }
 
+/// Two network namespaces made for a test, joined by a veth pair (`ember-va` in `a` with
+/// 10.77.1.1/24, `ember-vb` in `b` with 10.77.1.2/24); removed on drop. Traffic between
+/// them never leaves this machine.
+pub struct NetnsPair {
+    pub a: String,
+    pub b: String,
+}
+
+impl NetnsPair {
+    pub const ADDRESS_B: &str = "10.77.1.2";
+
+    pub fn create(tag: &str) -> NetnsPair {
+        let id = std::process::id();
+        let pair = NetnsPair { a: format!("ember-{tag}-a-{id}"), b: format!("ember-{tag}-b-{id}") };
+        let ip = |args: &[&str]| {
+            let status = Command::new("ip").args(args).status().expect("running ip (iproute2)");
+            assert!(status.success(), "ip {} failed", args.join(" "));
+        };
+        ip(&["netns", "add", &pair.a]);
+        ip(&["netns", "add", &pair.b]);
+        ip(&["link", "add", "ember-va", "netns", &pair.a, "type", "veth", "peer", "name", "ember-vb", "netns", &pair.b]);
+        for (ns, dev, addr) in [(&pair.a, "ember-va", "10.77.1.1/24"), (&pair.b, "ember-vb", "10.77.1.2/24")] {
+            ip(&["-n", ns, "addr", "add", addr, "dev", dev]);
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        pair
+    }
+
+    /// A command that runs `program` inside namespace `ns`.
+    pub fn command(ns: &str, program: &str) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", ns, program]);
+        command
+    }
+}
+
+impl Drop for NetnsPair {
+    fn drop(&mut self) {
+        for ns in [&self.a, &self.b] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
 /// A temporary directory removed on drop.
 pub struct TempDir(pub PathBuf);
 
@@ -145,8 +190,14 @@ pub struct Fixture {
 
 impl Fixture {
     pub fn spawn(bin: &str, mode: &str, seconds: f64) -> Fixture {
-        let mut child = Command::new(bin)
+        Fixture::spawn_with(Command::new(bin), mode, seconds, &[])
+    }
+
+    /// `command` is the fixture binary, possibly wrapped (e.g. `ip netns exec NS fixture`).
+    pub fn spawn_with(mut command: Command, mode: &str, seconds: f64, args: &[&str]) -> Fixture {
+        let mut child = command
             .args([mode, &seconds.to_string(), "--wait"])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -164,8 +215,8 @@ impl Fixture {
         stdin.write_all(b"go\n").expect("starting fixture");
     }
 
-    /// Waits for the fixture to exit; returns (rounds done, CPU seconds it used).
-    pub fn finish(mut self) -> (u64, f64) {
+    /// Waits for the fixture to exit; returns what it printed and the CPU it used.
+    pub fn finish(mut self) -> FixtureRun {
         let mut out = String::new();
         self.child.stdout.take().expect("stdout").read_to_string(&mut out).expect("fixture output");
         let mut status = 0;
@@ -174,8 +225,41 @@ impl Fixture {
         assert_eq!(pid, self.child.id() as i32, "wait4 on the fixture");
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "fixture failed: {status}");
         let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-        (out.trim().parse().expect("fixture prints its rounds"), secs(usage.ru_utime) + secs(usage.ru_stime))
+        let lines = out
+            .lines()
+            .map(|l| l.split_whitespace().map(|n| n.parse().expect("fixture prints numbers")).collect())
+            .collect();
+        FixtureRun { lines, cpu_seconds: secs(usage.ru_utime) + secs(usage.ru_stime) }
     }
+}
+
+/// What a fixture printed (one row of numbers per line) and the CPU time it used.
+#[derive(Debug, Clone)]
+pub struct FixtureRun {
+    pub lines: Vec<Vec<u64>>,
+    pub cpu_seconds: f64,
+}
+
+/// Runs `ember-agent record -o <dir>/p.pb.gz <args>` around the fixtures: they start once
+/// the agent is attached and finish before it stops. Returns the output path and the runs.
+pub fn record_fixtures(dir: &TempDir, fixtures: Vec<Fixture>, seconds: f64, args: &[&str]) -> (PathBuf, Vec<FixtureRun>) {
+    let out = dir.path("p.pb.gz");
+    let duration = format!("{}s", seconds + 2.0);
+    let mut all = vec!["record", "-d", &duration, "-o", out.to_str().expect("UTF-8 temp path")];
+    all.extend(args);
+    let mut agent = Agent::spawn(&all);
+    agent.wait_ready();
+    let mut fixtures = fixtures;
+    fixtures.iter_mut().for_each(Fixture::start);
+    let runs = fixtures.into_iter().map(Fixture::finish).collect();
+    agent.wait_success(Duration::from_secs(60));
+    (out, runs)
+}
+
+/// The file of one kind of a multi-kind recording ("p.pb.gz" -> "p-offcpu.pb.gz").
+pub fn kind_path(path: &Path, kind: &str) -> PathBuf {
+    let name = path.file_name().unwrap().to_string_lossy().replacen('.', &format!("-{kind}."), 1);
+    path.with_file_name(name)
 }
 
 /// One frame of a decoded sample, leaf first.
@@ -268,12 +352,20 @@ impl Decoded {
     }
 
     pub fn samples_of(&self, pid: u32) -> Vec<&Sample> {
-        let pid = pid.to_string();
-        self.samples.iter().filter(|s| s.labels.get("pid") == Some(&pid)).collect()
+        self.samples_labelled("pid", &pid.to_string())
+    }
+
+    pub fn samples_labelled(&self, key: &str, value: &str) -> Vec<&Sample> {
+        self.samples.iter().filter(|s| s.labels.get(key).map(String::as_str) == Some(value)).collect()
+    }
+
+    /// Sum of value `index` over samples.
+    pub fn sum(samples: &[&Sample], index: usize) -> i64 {
+        samples.iter().map(|s| s.values[index]).sum()
     }
 
     pub fn total(samples: &[&Sample]) -> i64 {
-        samples.iter().map(|s| s.values[0]).sum()
+        Decoded::sum(samples, 0)
     }
 }
 

@@ -2,56 +2,52 @@
 //! known call structure, real pprof files. Needs root; fails loudly without it.
 use std::{process::Command, time::Duration};
 
-use ember_tests::{require_root, Agent, Decoded, Fixture, TempDir};
+use ember_tests::{record_fixtures, require_root, Agent, Decoded, Fixture, FixtureRun, TempDir};
 
-const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture-split");
+const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
 const HZ: u64 = 99;
 
-/// Records the given fixtures (started once the agent is attached) and returns the profile
-/// plus each fixture's (rounds, CPU seconds).
-fn record(dir: &TempDir, fixtures: Vec<Fixture>, seconds: f64, extra: &[&str]) -> (Decoded, Vec<(u64, f64)>) {
-    let out = dir.path("profile.pb.gz");
-    let duration = format!("{}s", seconds + 2.0);
-    let hz = HZ.to_string();
+/// Records the fixtures at `hz`, restricted to their pids.
+fn record(dir: &TempDir, fixtures: Vec<Fixture>, seconds: f64, hz: u64, extra: &[&str]) -> (Decoded, Vec<FixtureRun>) {
     let pids: Vec<String> = fixtures.iter().map(|f| f.pid().to_string()).collect();
-    let mut args = vec!["record", "-d", &duration, "-F", &hz, "-o", out.to_str().unwrap()];
+    let hz = hz.to_string();
+    let mut args = vec!["-F", &hz];
     for pid in &pids {
         args.extend(["--pid", pid]);
     }
     args.extend(extra);
-    let mut agent = Agent::spawn(&args);
-    agent.wait_ready();
-    let mut fixtures = fixtures;
-    fixtures.iter_mut().for_each(Fixture::start);
-    let usage = fixtures.into_iter().map(Fixture::finish).collect();
-    agent.wait_success(Duration::from_secs(60));
-    (Decoded::read(&out), usage)
+    let (out, runs) = record_fixtures(dir, fixtures, seconds, &args);
+    (Decoded::read(&out), runs)
 }
 
 #[test]
 fn split_is_faithful_and_stacks_reach_main() {
     require_root();
+    // 499 Hz: ~5000 samples, so sampling error (sd ~0.7 points) stays well inside 3 points.
+    const SPLIT_HZ: u64 = 499;
     let dir = TempDir::new("split");
     let fixtures = vec![Fixture::spawn(FIXTURE, "split", 5.0), Fixture::spawn(FIXTURE, "split", 5.0)];
     let pids: Vec<u32> = fixtures.iter().map(Fixture::pid).collect();
-    let (profile, usage) = record(&dir, fixtures, 5.0, &[]);
+    let (profile, runs) = record(&dir, fixtures, 5.0, SPLIT_HZ, &[]);
 
     let samples: Vec<_> = pids.iter().flat_map(|&pid| profile.samples_of(pid)).collect();
     assert_eq!(samples.len(), profile.samples.len(), "the pid filter let other processes in");
     let total = Decoded::total(&samples);
     let in_fn = |name: &str| Decoded::total(&samples.iter().copied().filter(|s| s.has_function(name)).collect::<Vec<_>>());
-    let (a, b) = (in_fn("fixture_split::hot_a"), in_fn("fixture_split::hot_b"));
+    let (a, b) = (in_fn("fixture::hot_a"), in_fn("fixture::hot_b"));
     let share_a = a as f64 / (a + b) as f64;
-    assert!((share_a - 0.70).abs() <= 0.03, "hot_a share {share_a:.3} (a={a}, b={b}), truth 0.70");
+    let (units, a_units) = runs.iter().fold((0, 0), |(u, au), r| (u + r.lines[0][0], au + r.lines[0][1]));
+    let truth = a_units as f64 / units as f64;
+    assert!((share_a - truth).abs() <= 0.03, "hot_a share {share_a:.3} (a={a}, b={b}), truth {truth:.3}");
 
-    let complete = Decoded::total(&samples.iter().copied().filter(|s| s.has_function("fixture_split::main")).collect::<Vec<_>>());
+    let complete = Decoded::total(&samples.iter().copied().filter(|s| s.has_function("fixture::main")).collect::<Vec<_>>());
     let complete_share = complete as f64 / total as f64;
     assert!(complete_share >= 0.95, "only {complete_share:.3} of samples reach main ({complete}/{total})");
 
-    let cpu_seconds: f64 = usage.iter().map(|u| u.1).sum();
-    let expected = cpu_seconds * HZ as f64;
+    let cpu_seconds: f64 = runs.iter().map(|r| r.cpu_seconds).sum();
+    let expected = cpu_seconds * SPLIT_HZ as f64;
     let error = (total as f64 - expected).abs() / expected;
-    assert!(error <= 0.10, "{total} samples, expected {expected:.0} ({cpu_seconds:.2} CPU s x {HZ} Hz)");
+    assert!(error <= 0.10, "{total} samples, expected {expected:.0} ({cpu_seconds:.2} CPU s x {SPLIT_HZ} Hz)");
 }
 
 #[test]
@@ -60,15 +56,15 @@ fn syscall_heavy_fixture_shows_kernel_frames_under_user_frames() {
     let dir = TempDir::new("kernel");
     let fixture = Fixture::spawn(FIXTURE, "read-zero", 3.0);
     let pid = fixture.pid();
-    let (profile, _) = record(&dir, vec![fixture], 3.0, &[]);
+    let (profile, _) = record(&dir, vec![fixture], 3.0, HZ, &[]);
     let samples = profile.samples_of(pid);
     let kernel_and_user = samples
         .iter()
         .filter(|s| {
             let vfs = s.frames.iter().position(|f| f.function == "vfs_read" && f.mapping == "[kernel.kallsyms]");
-            let user = s.frames.iter().position(|f| f.function == "fixture_split::read_zero");
+            let user = s.frames.iter().position(|f| f.function == "fixture::read_zero");
             // Leaf first: the kernel frame must come before (above) the user frame.
-            matches!((vfs, user), (Some(k), Some(u)) if k < u) && s.has_function("fixture_split::main")
+            matches!((vfs, user), (Some(k), Some(u)) if k < u) && s.has_function("fixture::main")
         })
         .count();
     assert!(
@@ -85,7 +81,7 @@ fn pprof_round_trip_and_views_agree() {
     let fixture = Fixture::spawn(FIXTURE, "split", 2.0);
     let (folded, svg) = (dir.path("p.folded"), dir.path("p.svg"));
     let extra = ["--folded", folded.to_str().unwrap(), "--flamegraph", svg.to_str().unwrap()];
-    let (profile, _) = record(&dir, vec![fixture], 2.0, &extra);
+    let (profile, _) = record(&dir, vec![fixture], 2.0, HZ, &extra);
 
     // Decoding already checked every location, function, mapping and string reference.
     let p = &profile.profile;
@@ -101,15 +97,15 @@ fn pprof_round_trip_and_views_agree() {
     }
     let total: i64 = profile.samples.iter().map(|s| s.values[0]).sum();
     assert_eq!(total as u64, profile.counter("samples") - profile.counter("map_full"));
-    let fixture_mapping = p.mapping.iter().find(|m| profile.string(m.filename).ends_with("/fixture-split")).expect("fixture mapping");
+    let fixture_mapping = p.mapping.iter().find(|m| profile.string(m.filename).ends_with("/fixture")).expect("fixture mapping");
     assert_eq!(profile.string(fixture_mapping.build_id).len(), 40, "fixture mapping carries its build id");
 
     let folded = std::fs::read_to_string(&folded).unwrap();
     let folded_total: i64 = folded.lines().map(|l| l.rsplit_once(' ').unwrap().1.parse::<i64>().unwrap()).sum();
     assert_eq!(folded_total, total);
-    assert!(folded.contains("fixture_split::main;fixture_split::hot_a;fixture_split::burn"));
+    assert!(folded.contains("fixture::main;fixture::hot_a;fixture::burn"));
     let svg = std::fs::read_to_string(&svg).unwrap();
-    assert!(svg.contains("<svg") && svg.contains("fixture_split::hot_a"));
+    assert!(svg.contains("<svg") && svg.contains("fixture::hot_a"));
 }
 
 #[test]
@@ -118,12 +114,12 @@ fn full_counts_map_drops_are_counted_exactly() {
     let dir = TempDir::new("drops");
     let fixture = Fixture::spawn(FIXTURE, "split", 3.0);
     let pid = fixture.pid();
-    let (profile, usage) = record(&dir, vec![fixture], 3.0, &["--max-keys", "1"]);
+    let (profile, runs) = record(&dir, vec![fixture], 3.0, HZ, &["--max-keys", "1"]);
     let kept = Decoded::total(&profile.samples_of(pid)) as u64;
     let (seen, dropped) = (profile.counter("samples"), profile.counter("map_full"));
     assert!(dropped > 0, "a one-key map must overflow on a workload with several stacks");
     assert_eq!(kept + dropped, seen, "kept {kept} + dropped {dropped} must equal samples seen {seen}");
-    let expected = usage[0].1 * HZ as f64;
+    let expected = runs[0].cpu_seconds * HZ as f64;
     assert!((seen as f64 - expected).abs() / expected <= 0.10, "{seen} samples seen, expected {expected:.0}");
 }
 
@@ -149,10 +145,10 @@ fn daemon_flushes_on_sigterm_and_symbolizes_exited_processes() {
     assert!(Decoded::total(&samples) >= 50, "fixture samples missing after SIGTERM flush");
     for sample in &samples {
         let unresolved: Vec<_> =
-            sample.frames.iter().filter(|f| f.mapping.ends_with("/fixture-split") && f.function.contains("+0x")).collect();
+            sample.frames.iter().filter(|f| f.mapping.ends_with("/fixture") && f.function.contains("+0x")).collect();
         assert!(unresolved.is_empty(), "unsymbolized frames of an exited process: {unresolved:?}");
     }
-    assert!(samples.iter().any(|s| s.has_function("fixture_split::hot_a") && s.has_function("fixture_split::main")));
+    assert!(samples.iter().any(|s| s.has_function("fixture::hot_a") && s.has_function("fixture::main")));
 }
 
 #[test]

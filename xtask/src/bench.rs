@@ -96,17 +96,19 @@ fn release_bin(name: &str) -> PathBuf {
 fn workload(window: Duration) -> Result<f64> {
     let workers: Vec<Child> = (0..WORKERS)
         .map(|_| {
-            Command::new(release_bin("fixture-split"))
+            Command::new(release_bin("fixture"))
                 .args(["split", &window.as_secs_f64().to_string()])
                 .stdout(Stdio::piped())
                 .spawn()
         })
         .collect::<Result<_, _>>()
-        .context("starting fixture-split")?;
+        .context("starting fixture")?;
     let mut rounds = 0u64;
     for worker in workers {
         let out = worker.wait_with_output()?;
-        rounds += String::from_utf8_lossy(&out.stdout).trim().parse::<u64>().context("fixture output")?;
+        // "<units> <a units>": the first number is the work done.
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        rounds += text.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()).context("fixture output")?;
     }
     Ok(rounds as f64 / window.as_secs_f64())
 }
@@ -251,7 +253,7 @@ fn split_share(profiler: Profiler, dir: &Path) -> String {
         Profiler::Ember => {
             for entry in fs::read_dir(dir.join("profiles")).into_iter().flatten().flatten() {
                 let profile = Decoded::read(&entry.path());
-                for sample in profile.samples.iter().filter(|s| s.labels.get("comm").is_some_and(|c| c == "fixture-split")) {
+                for sample in profile.samples.iter().filter(|s| s.labels.get("comm").is_some_and(|c| c == "fixture")) {
                     let names: Vec<&str> = sample.frames.iter().map(|f| f.function.as_str()).collect();
                     count(&names.join(";"), sample.values[0] as u64);
                 }
@@ -265,7 +267,7 @@ fn split_share(profiler: Profiler, dir: &Path) -> String {
                 .output();
             let stdout = out.map(|o| o.stdout).unwrap_or_default();
             for block in String::from_utf8_lossy(&stdout).split("\n\n") {
-                if block.trim_start().starts_with("fixture-split") {
+                if block.trim_start().starts_with("fixture") {
                     count(block, 1);
                 }
             }
@@ -274,7 +276,7 @@ fn split_share(profiler: Profiler, dir: &Path) -> String {
             let text = fs::read_to_string(dir.join("bpftrace.out")).unwrap_or_default();
             for block in text.split("@[").skip(1) {
                 let Some((key, n)) = block.rsplit_once("]: ") else { continue };
-                if key.trim_end().ends_with("fixture-split") {
+                if key.trim_end().ends_with("fixture") {
                     count(key, n.trim().parse().unwrap_or(0));
                 }
             }

@@ -1,0 +1,152 @@
+//! The profiles Ember writes, one per kind per interval, and what each one measures. A
+//! profile kind gathers one or more event kinds (`agent_common::kind`) and says how their
+//! counts and totals become pprof sample values and labels.
+use agent_common::{attribution, block_state, kind};
+
+use crate::resolve::ResolvedSample;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProfileKind {
+    Cpu,
+    OffCpu,
+    /// On-CPU and off-CPU time of the same threads, in one unit: where wall time goes.
+    Wall,
+    NetTx,
+    NetRx,
+    NetRetransmit,
+    NetDrop,
+}
+
+impl ProfileKind {
+    pub const ALL: [ProfileKind; 7] = [
+        ProfileKind::Cpu,
+        ProfileKind::OffCpu,
+        ProfileKind::Wall,
+        ProfileKind::NetTx,
+        ProfileKind::NetRx,
+        ProfileKind::NetRetransmit,
+        ProfileKind::NetDrop,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ProfileKind::Cpu => "cpu",
+            ProfileKind::OffCpu => "offcpu",
+            ProfileKind::Wall => "wall",
+            ProfileKind::NetTx => "net-tx",
+            ProfileKind::NetRx => "net-rx",
+            ProfileKind::NetRetransmit => "net-retransmit",
+            ProfileKind::NetDrop => "net-drop",
+        }
+    }
+
+    /// Whether events of `event_kind` belong in this profile.
+    pub fn includes(self, event_kind: u8) -> bool {
+        match self {
+            ProfileKind::Cpu => event_kind == kind::ON_CPU,
+            ProfileKind::OffCpu => event_kind == kind::OFF_CPU,
+            ProfileKind::Wall => event_kind == kind::ON_CPU || event_kind == kind::OFF_CPU,
+            ProfileKind::NetTx => event_kind == kind::NET_DEV_QUEUE || event_kind == kind::NET_DEV_XMIT,
+            ProfileKind::NetRx => event_kind == kind::NETIF_RECEIVE_SKB || event_kind == kind::NAPI_GRO_RECEIVE_ENTRY,
+            ProfileKind::NetRetransmit => event_kind == kind::TCP_RETRANSMIT_SKB,
+            ProfileKind::NetDrop => event_kind == kind::KFREE_SKB,
+        }
+    }
+
+    /// (type, unit) of each sample value; the first is the default.
+    pub fn sample_types(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            ProfileKind::Cpu => &[("samples", "count"), ("cpu", "nanoseconds")],
+            ProfileKind::OffCpu => &[("switches", "count"), ("off_cpu", "nanoseconds")],
+            ProfileKind::Wall => &[("wall", "nanoseconds")],
+            ProfileKind::NetTx | ProfileKind::NetRx => &[("packets", "count"), ("bytes", "bytes")],
+            ProfileKind::NetRetransmit | ProfileKind::NetDrop => &[("packets", "count")],
+        }
+    }
+
+    /// The sample's values, in `sample_types` order. `period` is one on-CPU sample's ns.
+    pub fn values(self, sample: &ResolvedSample, period: i64) -> Vec<i64> {
+        let (count, total) = (sample.value.count as i64, sample.value.total as i64);
+        match self {
+            ProfileKind::Cpu => vec![count, count * period],
+            ProfileKind::OffCpu | ProfileKind::NetTx | ProfileKind::NetRx => vec![count, total],
+            ProfileKind::Wall if sample.kind == kind::ON_CPU => vec![count * period],
+            ProfileKind::Wall => vec![total],
+            ProfileKind::NetRetransmit | ProfileKind::NetDrop => vec![count],
+        }
+    }
+
+    /// Receive, retransmit and drop events run on whatever task is current, often in
+    /// softirq or timer context on an unrelated task: their task labels say "ran on", never
+    /// "owned by". Transmits are attributed to the socket's sender (see `comment`).
+    pub fn task_label_prefix(self) -> &'static str {
+        match self {
+            ProfileKind::Cpu | ProfileKind::OffCpu | ProfileKind::Wall | ProfileKind::NetTx => "",
+            _ => "ran_on_",
+        }
+    }
+
+    /// Index of the value that folded stacks and flame graphs weigh by.
+    pub fn flame_value(self) -> usize {
+        match self {
+            ProfileKind::OffCpu | ProfileKind::NetTx | ProfileKind::NetRx => 1,
+            _ => 0,
+        }
+    }
+
+    /// Labels shown as the first frames of folded stacks, below the root.
+    pub fn root_labels(self) -> &'static [&'static str] {
+        match self {
+            ProfileKind::Cpu => &["comm"],
+            ProfileKind::OffCpu | ProfileKind::Wall => &["comm", "state"],
+            ProfileKind::NetTx => &["comm", "device"],
+            ProfileKind::NetRx => &["ran_on_comm", "device"],
+            ProfileKind::NetRetransmit => &["ran_on_comm"],
+            ProfileKind::NetDrop => &["reason", "ran_on_comm"],
+        }
+    }
+
+    pub fn comment(self) -> Option<&'static str> {
+        match self {
+            ProfileKind::Cpu | ProfileKind::OffCpu | ProfileKind::Wall => None,
+            ProfileKind::NetTx => Some(
+                "ember.note=transmits are attributed to the socket's last sender with its send stacks \
+                 (attributed_to=socket-owner); packets with no known sender (ACKs from softirq, forwarded traffic) \
+                 to the task current when they were queued, with its stacks (attributed_to=current-task)",
+            ),
+            _ => Some(
+                "ember.note=network events are recorded on the CPU's current task; ran_on_* labels name that task, \
+                 which for receive, retransmit and drop paths (softirq, timers) is often not the socket's owner",
+            ),
+        }
+    }
+}
+
+/// Label value of an off-CPU block's `block_state`, or of an on-CPU sample (wall profile).
+pub fn state_label(event_kind: u8, state: u32) -> &'static str {
+    match (event_kind, state) {
+        (kind::ON_CPU, _) => "on-cpu",
+        (_, block_state::PREEMPTED) => "preempted",
+        (_, block_state::SLEEPING) => "sleeping",
+        (_, block_state::UNINTERRUPTIBLE) => "uninterruptible",
+        _ => "other",
+    }
+}
+
+/// Event kind's tracepoint, for the `tracepoint` label of network profiles.
+pub fn tracepoint_label(event_kind: u8) -> &'static str {
+    match event_kind {
+        kind::NET_DEV_QUEUE => "net:net_dev_queue",
+        kind::NET_DEV_XMIT => "net:net_dev_xmit",
+        kind::NETIF_RECEIVE_SKB => "net:netif_receive_skb",
+        kind::NAPI_GRO_RECEIVE_ENTRY => "net:napi_gro_receive_entry",
+        kind::TCP_RETRANSMIT_SKB => "tcp:tcp_retransmit_skb",
+        kind::KFREE_SKB => "skb:kfree_skb",
+        _ => "",
+    }
+}
+
+/// Whom a transmit event is attributed to, for the `attributed_to` label.
+pub fn attribution_label(aux: u32) -> &'static str {
+    if aux == attribution::SOCKET_OWNER { "socket-owner" } else { "current-task" }
+}

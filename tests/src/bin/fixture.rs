@@ -1,0 +1,210 @@
+//! Test workloads with a known structure. Built by cargo with `-C force-frame-pointers=yes`
+//! (workspace .cargo/config.toml). Blocking calls go through `raw_syscall`, an inline
+//! `syscall` instruction in a frame-pointer function, so no frame-pointer-less libc code sits
+//! between the kernel and our frames and every frame down to `main` or the thread function
+//! is walkable.
+//!
+//! `fixture MODE SECONDS [--wait] [ARGS...]`. With `--wait` it first reads a line on stdin, so
+//! a test can start the profiler before any work happens. Modes, and what they print:
+//! - `split`: main -> hot_a or hot_b, chosen at random per unit with p(a) = 0.7, both through
+//!   the same `burn`. Prints "<units> <a units>": the exact truth.
+//! - `read-zero`: main -> read_zero, reading /dev/zero in 1 MiB blocks. Prints rounds.
+//! - `block`: thread `sleeper` loops on nanosleep(10 ms); thread `reader` blocks in read()
+//!   on a pipe that thread `writer` feeds every 5 ms. Prints each thread's "<tid> <wall ns>".
+//! - `half`: thread `half_busy` alternates 10 ms of CPU and 10 ms of sleep. Prints
+//!   "<tid> <wall ns> <cpu ns>".
+//! - `tcp-recv`: accepts one connection on ARGS[0] (addr:port), reads until EOF. Prints bytes.
+//! - `tcp-send`: connects to ARGS[0], sends ARGS[1] bytes from `send_all`, closes. Prints
+//!   "<tid> <bytes>".
+//! - `udp-closed`: sends ARGS[0] datagrams of 100 bytes to 127.0.0.1:9 (nothing listens).
+use std::{
+    hint::black_box,
+    io::Read,
+    net::{TcpListener, TcpStream, UdpSocket},
+    os::fd::AsRawFd,
+    time::{Duration, Instant},
+};
+
+/// Iterations of `burn` per unit (about 0.5 ms in a debug build, 0.05 ms optimized).
+const UNIT: u64 = 50_000;
+
+#[inline(never)]
+fn burn(iterations: u64) -> u64 {
+    let mut x = 0u64;
+    for i in 0..iterations {
+        x = black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+    }
+    x
+}
+
+// `black_box` after the call keeps these from becoming tail calls (`jmp burn`), which
+// would remove their frames from every profiler's stacks in optimized builds.
+#[inline(never)]
+fn hot_a() -> u64 {
+    black_box(burn(UNIT)) + 1
+}
+
+#[inline(never)]
+fn hot_b() -> u64 {
+    black_box(burn(UNIT)) + 1
+}
+
+/// A system call made right here, with this function's frame pointer in place.
+#[inline(never)]
+fn raw_syscall(number: i64, a: u64, b: u64, c: u64) -> i64 {
+    let ret: i64;
+    unsafe {
+        std::arch::asm!("syscall", inlateout("rax") number => ret, in("rdi") a, in("rsi") b, in("rdx") c,
+            lateout("rcx") _, lateout("r11") _, options(nostack));
+    }
+    ret
+}
+
+fn gettid() -> i64 {
+    raw_syscall(libc::SYS_gettid, 0, 0, 0)
+}
+
+#[inline(never)]
+fn read_zero(fd: i32, buffer: &mut [u8]) -> i64 {
+    raw_syscall(libc::SYS_read, fd as u64, buffer.as_mut_ptr() as u64, buffer.len() as u64)
+}
+
+#[inline(never)]
+fn sleeper(deadline: Instant) -> String {
+    let start = Instant::now();
+    let ten_ms = libc::timespec { tv_sec: 0, tv_nsec: 10_000_000 };
+    while Instant::now() < deadline {
+        raw_syscall(libc::SYS_nanosleep, &ten_ms as *const _ as u64, 0, 0);
+    }
+    format!("{} {}", gettid(), start.elapsed().as_nanos())
+}
+
+#[inline(never)]
+fn reader(fd: i32) -> String {
+    let start = Instant::now();
+    let mut byte = [0u8; 1];
+    while raw_syscall(libc::SYS_read, fd as u64, byte.as_mut_ptr() as u64, 1) == 1 {}
+    format!("{} {}", gettid(), start.elapsed().as_nanos())
+}
+
+#[inline(never)]
+fn writer(fd: i32, deadline: Instant) {
+    let five_ms = libc::timespec { tv_sec: 0, tv_nsec: 5_000_000 };
+    while Instant::now() < deadline {
+        raw_syscall(libc::SYS_write, fd as u64, b"x".as_ptr() as u64, 1);
+        raw_syscall(libc::SYS_nanosleep, &five_ms as *const _ as u64, 0, 0);
+    }
+    unsafe { libc::close(fd) };
+}
+
+#[inline(never)]
+fn half_busy(deadline: Instant) -> String {
+    let start = Instant::now();
+    let ten_ms = libc::timespec { tv_sec: 0, tv_nsec: 10_000_000 };
+    while Instant::now() < deadline {
+        let busy_until = Instant::now() + Duration::from_millis(10);
+        while Instant::now() < busy_until {
+            black_box(burn(1000));
+        }
+        raw_syscall(libc::SYS_nanosleep, &ten_ms as *const _ as u64, 0, 0);
+    }
+    let mut cpu = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut cpu) };
+    let cpu_ns = cpu.tv_sec as u128 * 1_000_000_000 + cpu.tv_nsec as u128;
+    format!("{} {} {cpu_ns}", gettid(), start.elapsed().as_nanos())
+}
+
+#[inline(never)]
+fn send_all(fd: i32, mut bytes: u64) {
+    let chunk = vec![7u8; 64 * 1024];
+    while bytes > 0 {
+        let n = bytes.min(chunk.len() as u64);
+        let sent = raw_syscall(libc::SYS_write, fd as u64, chunk.as_ptr() as u64, n);
+        assert!(sent > 0, "write failed: {sent}");
+        bytes -= sent as u64;
+    }
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mode = args.next().unwrap_or_else(|| "split".into());
+    let seconds: f64 = args.next().map_or(5.0, |s| s.parse().expect("SECONDS must be a number"));
+    let mut rest: Vec<String> = args.collect();
+    if rest.first().map(String::as_str) == Some("--wait") {
+        rest.remove(0);
+        std::io::stdin().read_line(&mut String::new()).expect("reading the start line");
+    }
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    match mode.as_str() {
+        "split" => {
+            let (mut units, mut a, mut random) = (0u64, 0u64, 0x9e37_79b9_7f4a_7c15u64);
+            while Instant::now() < deadline {
+                for _ in 0..16 {
+                    // xorshift64: a fresh choice per unit, so no period for sampling to lock on.
+                    random ^= random << 13;
+                    random ^= random >> 7;
+                    random ^= random << 17;
+                    if random % 10 < 7 {
+                        black_box(hot_a());
+                        a += 1;
+                    } else {
+                        black_box(hot_b());
+                    }
+                    units += 1;
+                }
+            }
+            println!("{units} {a}");
+        }
+        "read-zero" => {
+            let file = std::fs::File::open("/dev/zero").expect("opening /dev/zero");
+            let mut buffer = vec![0u8; 1 << 20];
+            let mut rounds = 0u64;
+            while Instant::now() < deadline {
+                black_box(read_zero(file.as_raw_fd(), &mut buffer));
+                rounds += 1;
+            }
+            println!("{rounds}");
+        }
+        "block" => {
+            let mut fds = [0i32; 2];
+            assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+            let (read_end, write_end) = (fds[0], fds[1]);
+            let sleeping = std::thread::spawn(move || sleeper(deadline));
+            let reading = std::thread::spawn(move || reader(read_end));
+            let writing = std::thread::spawn(move || writer(write_end, deadline));
+            writing.join().unwrap();
+            println!("{}", sleeping.join().unwrap());
+            println!("{}", reading.join().unwrap());
+        }
+        "half" => println!("{}", std::thread::spawn(move || half_busy(deadline)).join().unwrap()),
+        "tcp-recv" => {
+            let listener = TcpListener::bind(&rest[0]).expect("binding");
+            let (mut stream, _) = listener.accept().expect("accepting");
+            let (mut total, mut buffer) = (0u64, vec![0u8; 1 << 16]);
+            loop {
+                match stream.read(&mut buffer).expect("reading") {
+                    0 => break,
+                    n => total += n as u64,
+                }
+            }
+            println!("{total}");
+        }
+        "tcp-send" => {
+            let stream = TcpStream::connect(&rest[0]).expect("connecting");
+            let bytes: u64 = rest[1].parse().expect("byte count");
+            send_all(stream.as_raw_fd(), bytes);
+            drop(stream);
+            println!("{} {bytes}", gettid());
+        }
+        "udp-closed" => {
+            let socket = UdpSocket::bind("127.0.0.1:0").expect("binding");
+            let count: u64 = rest[0].parse().expect("datagram count");
+            for _ in 0..count {
+                // Refused (ICMP port unreachable) errors are expected: nothing listens.
+                let _ = socket.send_to(&[0u8; 100], "127.0.0.1:9");
+            }
+            println!("{count}");
+        }
+        other => panic!("unknown mode {other}"),
+    }
+}
