@@ -186,6 +186,8 @@ impl Drop for Agent {
 pub struct Fixture {
     child: Child,
     stdin: Option<ChildStdin>,
+    /// Set once wait4 has collected it: its pid may belong to another process after that.
+    reaped: bool,
 }
 
 impl Fixture {
@@ -203,7 +205,7 @@ impl Fixture {
             .spawn()
             .expect("starting fixture");
         let stdin = child.stdin.take();
-        Fixture { child, stdin }
+        Fixture { child, stdin, reaped: false }
     }
 
     pub fn pid(&self) -> u32 {
@@ -215,14 +217,22 @@ impl Fixture {
         stdin.write_all(b"go\n").expect("starting fixture");
     }
 
-    /// Waits for the fixture to exit; returns what it printed and the CPU it used.
+    /// Waits (at most a minute) for the fixture to exit; returns what it printed and the
+    /// CPU it used.
     pub fn finish(mut self) -> FixtureRun {
+        let pid = self.child.id() as i32;
+        let (mut status, deadline) = (0, Instant::now() + Duration::from_secs(60));
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        while unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) } == 0 {
+            if Instant::now() > deadline {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                panic!("fixture {pid} still running after 60 s: killed");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.reaped = true;
         let mut out = String::new();
         self.child.stdout.take().expect("stdout").read_to_string(&mut out).expect("fixture output");
-        let mut status = 0;
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        let pid = unsafe { libc::wait4(self.child.id() as i32, &mut status, 0, &mut usage) };
-        assert_eq!(pid, self.child.id() as i32, "wait4 on the fixture");
         assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "fixture failed: {status}");
         let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
         let lines = out
@@ -230,6 +240,16 @@ impl Fixture {
             .map(|l| l.split_whitespace().map(|n| n.parse().expect("fixture prints numbers")).collect())
             .collect();
         FixtureRun { lines, cpu_seconds: secs(usage.ru_utime) + secs(usage.ru_stime) }
+    }
+}
+
+impl Drop for Fixture {
+    /// A test that fails early must not leave its fixture running.
+    fn drop(&mut self) {
+        if !self.reaped {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 

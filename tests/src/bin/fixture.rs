@@ -130,8 +130,14 @@ fn main() {
     let mode = args.next().unwrap_or_else(|| "split".into());
     let seconds: f64 = args.next().map_or(5.0, |s| s.parse().expect("SECONDS must be a number"));
     let mut rest: Vec<String> = args.collect();
-    if rest.first().map(String::as_str) == Some("--wait") {
+    let wait = rest.first().map(String::as_str) == Some("--wait");
+    if wait {
         rest.remove(0);
+    }
+    // The receiver listens before the start line, so a sender started at the same moment
+    // always finds it.
+    let listener = (mode == "tcp-recv").then(|| TcpListener::bind(&rest[0]).expect("binding"));
+    if wait {
         std::io::stdin().read_line(&mut String::new()).expect("reading the start line");
     }
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
@@ -178,8 +184,7 @@ fn main() {
         }
         "half" => println!("{}", std::thread::spawn(move || half_busy(deadline)).join().unwrap()),
         "tcp-recv" => {
-            let listener = TcpListener::bind(&rest[0]).expect("binding");
-            let (mut stream, _) = listener.accept().expect("accepting");
+            let (mut stream, _) = listener.expect("bound above").accept().expect("accepting");
             let (mut total, mut buffer) = (0u64, vec![0u8; 1 << 16]);
             loop {
                 match stream.read(&mut buffer).expect("reading") {

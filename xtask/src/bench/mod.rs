@@ -1,0 +1,170 @@
+//! `cargo xtask bench oncpu | offcpu | net`: Ember and its peers on the same workload, in one
+//! command, measured the same way from /proc: CPU over a steady-state window, peak RSS, and
+//! (with kernel.bpf_stats_enabled) the run time of each profiler's BPF programs and the
+//! memory of its maps.
+mod net;
+mod offcpu;
+mod oncpu;
+
+use std::{
+    fs,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _, Result};
+
+use crate::{cargo, run, workspace_root};
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Which benchmark.
+    #[arg(value_parser = ["oncpu", "offcpu", "net"])]
+    which: String,
+    /// Length of the measured window per run.
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    /// Sampling frequencies to compare (oncpu, Hz).
+    #[arg(long, value_delimiter = ',', default_value = "99,999")]
+    frequencies: Vec<u64>,
+}
+
+pub fn bench(args: BenchArgs) -> Result<()> {
+    run(cargo().args(["build", "--release", "-p", "ember-agent", "-p", "ember-tests"]))?;
+    let _stats = BpfStatsEnabled::enable()?;
+    match args.which.as_str() {
+        "oncpu" => oncpu::run(args.seconds, &args.frequencies),
+        "offcpu" => offcpu::run(args.seconds),
+        "net" => net::run(args.seconds),
+        other => bail!("unknown benchmark {other}"),
+    }
+}
+
+pub fn release_bin(name: &str) -> PathBuf {
+    workspace_root().join("target/release").join(name)
+}
+
+pub fn opt(value: Option<f64>, digits: usize) -> String {
+    value.map_or("n/a".to_string(), |v| format!("{v:.digits$}"))
+}
+
+/// A profiler process under measurement.
+pub struct Profiler {
+    name: &'static str,
+    child: Child,
+}
+
+/// What a profiler process has used so far.
+pub struct Snapshot {
+    pub cpu_ns: u64,
+    pub peak_rss_mib: f64,
+    bpf: BpfUsage,
+}
+
+impl Profiler {
+    pub fn start(name: &'static str, mut command: Command) -> Result<Profiler> {
+        let child = command.stderr(Stdio::null()).spawn().with_context(|| format!("starting {name}"))?;
+        Ok(Profiler { name, child })
+    }
+
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        let pid = self.child.id();
+        let status = fs::read_to_string(format!("/proc/{pid}/status"))
+            .with_context(|| format!("{} exited before it was measured", self.name))?;
+        let peak_rss_kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0);
+        Ok(Snapshot { cpu_ns: cpu_ns(pid), peak_rss_mib: peak_rss_kib as f64 / 1024.0, bpf: bpf_usage(pid) })
+    }
+
+    /// SIGINT (every profiler here stops and writes its output on it), bounded wait.
+    pub fn stop(mut self) -> Result<()> {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self.child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                bail!("{} did not stop within 120 s of SIGINT", self.name);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+}
+
+impl Snapshot {
+    /// Average run time of the process's BPF programs between two snapshots.
+    pub fn bpf_ns_per_run_since(&self, before: &Snapshot) -> Option<f64> {
+        let runs = self.bpf.prog_runs.saturating_sub(before.bpf.prog_runs);
+        (runs > 0).then(|| (self.bpf.prog_run_ns - before.bpf.prog_run_ns) as f64 / runs as f64)
+    }
+
+    pub fn bpf_runs_since(&self, before: &Snapshot) -> u64 {
+        self.bpf.prog_runs.saturating_sub(before.bpf.prog_runs)
+    }
+
+    pub fn cpu_percent_since(&self, before: &Snapshot, seconds: f64) -> f64 {
+        (self.cpu_ns - before.cpu_ns) as f64 / 1e9 / seconds * 100.0
+    }
+
+    pub fn map_mib(&self) -> Option<f64> {
+        (self.bpf.map_bytes > 0).then(|| self.bpf.map_bytes as f64 / (1 << 20) as f64)
+    }
+}
+
+/// CPU time of all live threads of a process, in ns (schedstat is ns-precise, unlike stat).
+fn cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .filter_map(|t| fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()))
+        .sum()
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct BpfUsage {
+    map_bytes: u64,
+    prog_run_ns: u64,
+    prog_runs: u64,
+}
+
+/// What a process's BPF objects cost, from its fdinfo: memory charged to its maps, and the
+/// run time of its programs (counted while kernel.bpf_stats_enabled is 1).
+fn bpf_usage(pid: u32) -> BpfUsage {
+    let mut usage = BpfUsage::default();
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return usage };
+    for entry in fds.flatten() {
+        let Ok(info) = fs::read_to_string(entry.path()) else { continue };
+        let field = |name: &str| info.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse::<u64>().ok());
+        if info.contains("\nmap_type:") {
+            usage.map_bytes += field("memlock:").unwrap_or(0);
+        } else if info.contains("\nprog_type:") {
+            usage.prog_run_ns += field("run_time_ns:").unwrap_or(0);
+            usage.prog_runs += field("run_cnt:").unwrap_or(0);
+        }
+    }
+    usage
+}
+
+/// Turns on BPF run-time accounting for the benchmark and restores the old value after.
+struct BpfStatsEnabled(String);
+
+const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+impl BpfStatsEnabled {
+    fn enable() -> Result<BpfStatsEnabled> {
+        let old = fs::read_to_string(BPF_STATS).context("reading kernel.bpf_stats_enabled")?;
+        fs::write(BPF_STATS, "1").context("enabling kernel.bpf_stats_enabled (needs root)")?;
+        Ok(BpfStatsEnabled(old))
+    }
+}
+
+impl Drop for BpfStatsEnabled {
+    fn drop(&mut self) {
+        let _ = fs::write(BPF_STATS, self.0.trim());
+    }
+}
