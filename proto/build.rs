@@ -7,5 +7,7 @@ fn main() {
     {
         panic!("protoc is not installed (needed to compile proto/): run `cargo xtask setup`");
     }
-    prost_build::compile_protos(&["proto/profile.proto"], &["proto"]).expect("compiling profile.proto");
+    tonic_prost_build::configure()
+        .compile_protos(&["proto/profile.proto", "proto/ember.proto"], &["proto"])
+        .expect("compiling proto/*.proto");
 }

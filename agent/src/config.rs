@@ -31,6 +31,13 @@ pub struct FileConfig {
     pub offcpu_max_block: Option<String>,
     pub offcpu_states: Option<Vec<String>>,
     pub offcpu_sample_ratio: Option<u32>,
+    /// Collector to push to, spool and identity (see `ember-agent run --help`).
+    pub push: Option<String>,
+    pub spool_dir: Option<PathBuf>,
+    pub spool_max_mib: Option<u64>,
+    pub agent_id: Option<String>,
+    /// Static labels on every pushed profile.
+    pub labels: Option<std::collections::HashMap<String, String>>,
 }
 
 impl FileConfig {

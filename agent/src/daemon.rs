@@ -1,10 +1,11 @@
 //! `ember-agent run`: the continuous profiler. Every interval it drains the kernel's buffers
 //! and hands the interval to the pipeline; on SIGINT/SIGTERM the partial interval is flushed.
-use std::path::PathBuf;
+use std::{path::PathBuf, sync::Arc};
 
 use agent_common::{block_state, counter, kind};
 use anyhow::{Context as _, Result};
 use clap::Args;
+use ember_proto::ember::AgentIdentity;
 use tokio::{
     signal::unix::{signal, SignalKind},
     time::{interval_at, Instant, MissedTickBehavior},
@@ -15,10 +16,12 @@ use crate::{
     collect::Collector,
     config::{self, parse_duration, FileConfig},
     output::Outputs,
-    pipeline::Pipeline,
-    resolve::ResolvedInterval,
+    pipeline::{Pipeline, Shipping},
     profiles::ProfileKind,
+    push::Pusher,
+    resolve::ResolvedInterval,
     sampler::{Event, NetEvent, OffCpuOptions, SamplerOptions},
+    spool::Spool,
     SamplingArgs,
 };
 
@@ -36,6 +39,19 @@ pub struct RunArgs {
     /// Also write folded stacks and an SVG flame graph per interval.
     #[arg(long)]
     flamegraphs: bool,
+    /// Push profiles to this collector (e.g. http://127.0.0.1:7070); local files are then
+    /// written only if --output-dir is given.
+    #[arg(long)]
+    push: Option<String>,
+    /// Where profiles wait until the collector has them [default: ./ember-spool].
+    #[arg(long)]
+    spool_dir: Option<PathBuf>,
+    /// Spool size limit in MiB; past it the oldest profiles are dropped [default: 256].
+    #[arg(long)]
+    spool_max_mib: Option<u64>,
+    /// This agent's identity at the collector [default: the host name].
+    #[arg(long)]
+    agent_id: Option<String>,
     #[command(flatten)]
     sampling: SamplingArgs,
 }
@@ -159,18 +175,43 @@ pub async fn run(args: RunArgs) -> Result<()> {
         None => FileConfig::default(),
     };
     let every = parse_duration(args.interval.as_deref().or(file.interval.as_deref()).unwrap_or("10s"))?;
-    let dir = args.output_dir.clone().or(file.output_dir.clone()).unwrap_or_else(crate::default_output_dir);
+    let push = args.push.clone().or(file.push.clone());
+    // Pushing agents keep local files only when asked to.
+    let dir = args.output_dir.clone().or(file.output_dir.clone());
+    let dir = if push.is_none() { Some(dir.unwrap_or_else(crate::default_output_dir)) } else { dir };
     let flamegraphs = args.flamegraphs || file.flamegraphs.unwrap_or(false);
     let options = sampler_options(&args.sampling, &file, config::DEFAULT_DAEMON_FREQUENCY)?;
     crate::preflight::check()?;
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating output directory {}", dir.display()))?;
+    if let Some(dir) = &dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating output directory {}", dir.display()))?;
+    }
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
+    let (shipping, pusher) = match &push {
+        Some(url) => {
+            let spool_dir = args.spool_dir.clone().or(file.spool_dir.clone()).unwrap_or_else(|| PathBuf::from("ember-spool"));
+            let max_mib = args.spool_max_mib.or(file.spool_max_mib).unwrap_or(256);
+            let spool = Arc::new(Spool::open(&spool_dir, max_mib << 20)?);
+            let agent = AgentIdentity {
+                agent_id: args.agent_id.clone().or(file.agent_id.clone()).unwrap_or_else(|| hostname.clone()),
+                hostname: hostname.clone(),
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            };
+            let mut labels = file.labels.clone().unwrap_or_default();
+            labels.entry("host".into()).or_insert_with(|| hostname.clone());
+            let pusher = Pusher::new(url, spool.clone(), agent)?;
+            (Some(Shipping { spool, labels }), Some(pusher))
+        }
+        None => (None, None),
+    };
+    let (stop_pushing, pushing_stopped) = tokio::sync::oneshot::channel::<()>();
+    let pusher = pusher.map(|p| tokio::spawn(p.run(async { let _ = pushing_stopped.await; })));
 
     let mut collector = Collector::start(&options)?;
-    let pipeline = Pipeline::spawn(options.event.name(), options.frequency);
+    let pipeline = Pipeline::spawn(options.event.name(), options.frequency, shipping);
     let kinds = profile_kinds(&options);
     let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
     tracing::info!(
-        frequency = options.frequency, event = options.event.name(), interval = ?every, dir = %dir.display(),
+        frequency = options.frequency, event = options.event.name(), interval = ?every, dir = ?dir, push = ?push,
         profiles = ?names, "profiling every CPU"
     );
     let mut ticks = interval_at(Instant::now() + every, every);
@@ -190,10 +231,18 @@ pub async fn run(args: RunArgs) -> Result<()> {
         let interval = collector.drain()?;
         report_losses(&interval);
         let start = interval.start.unwrap_or_else(std::time::SystemTime::now);
-        let plan = kinds.iter().map(|kind| (*kind, Outputs::in_dir(&dir, kind.name(), start, flamegraphs))).collect();
-        pipeline.submit(interval, plan);
+        let outputs = |kind: &ProfileKind| match &dir {
+            Some(dir) => Outputs::in_dir(dir, kind.name(), start, flamegraphs),
+            None => Outputs::default(),
+        };
+        pipeline.submit(interval, kinds.iter().map(|kind| (*kind, outputs(kind))).collect());
     }
     drop(collector);
+    // The last interval reaches the spool before the pusher's final attempt.
     pipeline.finish();
+    if let Some(pusher) = pusher {
+        let _ = stop_pushing.send(());
+        let _ = pusher.await;
+    }
     Ok(())
 }

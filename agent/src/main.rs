@@ -10,13 +10,14 @@ mod pipeline;
 mod pprof;
 mod preflight;
 mod procs;
+mod push;
 mod profiles;
 mod record;
 mod resolve;
 mod sampler;
+mod spool;
 mod symbolize;
 mod tracefs;
-mod views;
 
 use std::{path::PathBuf, process::ExitCode};
 

@@ -1,8 +1,11 @@
 //! The pipeline thread: symbolize -> encode -> write, one interval at a time. It owns the
 //! (!Send) blazesym symbolizer and its caches, so the tokio side never waits on symbolization.
 use std::{
-    collections::HashSet,
-    sync::mpsc::{self, Sender},
+    collections::{HashMap, HashSet},
+    sync::{
+        mpsc::{self, Sender},
+        Arc,
+    },
     thread::JoinHandle,
 };
 
@@ -13,8 +16,8 @@ use crate::{
     pprof::{self, ProfileInfo},
     profiles::ProfileKind,
     resolve::ResolvedInterval,
+    spool::Spool,
     symbolize::Symbolizer,
-    views,
 };
 
 /// What one written profile holds.
@@ -41,8 +44,15 @@ pub struct Pipeline {
     thread: Option<JoinHandle<()>>,
 }
 
+/// Where profiles go besides local files: the spool the pusher sends to the collector.
+pub struct Shipping {
+    pub spool: Arc<Spool>,
+    /// Labels of every profile (host, and static labels from config).
+    pub labels: HashMap<String, String>,
+}
+
 impl Pipeline {
-    pub fn spawn(event: &'static str, frequency: u64) -> Pipeline {
+    pub fn spawn(event: &'static str, frequency: u64, shipping: Option<Shipping>) -> Pipeline {
         let (jobs, queue) = mpsc::channel::<Job>();
         let thread = std::thread::Builder::new()
             .name("ember-pipeline".into())
@@ -50,7 +60,7 @@ impl Pipeline {
                 let mut symbolizer = Symbolizer::new();
                 let info = ProfileInfo { event, frequency };
                 for job in queue {
-                    let result = process(&mut symbolizer, &info, &job.interval, &job.plan);
+                    let result = process(&mut symbolizer, &info, &job.interval, &job.plan, shipping.as_ref());
                     match job.done {
                         Some(done) => {
                             let _ = done.send(result);
@@ -94,9 +104,15 @@ impl Pipeline {
     }
 }
 
-fn process(symbolizer: &mut Symbolizer, info: &ProfileInfo, interval: &ResolvedInterval, plan: &Plan) -> Result<Vec<Written>> {
+fn process(
+    symbolizer: &mut Symbolizer,
+    info: &ProfileInfo,
+    interval: &ResolvedInterval,
+    plan: &Plan,
+    shipping: Option<&Shipping>,
+) -> Result<Vec<Written>> {
     symbolizer.prepare(interval);
-    plan.iter().map(|(kind, outputs)| write_profile(symbolizer, info, interval, *kind, outputs)).collect()
+    plan.iter().map(|(kind, outputs)| write_profile(symbolizer, info, interval, *kind, outputs, shipping)).collect()
 }
 
 fn write_profile(
@@ -105,6 +121,7 @@ fn write_profile(
     interval: &ResolvedInterval,
     kind: ProfileKind,
     outputs: &Outputs,
+    shipping: Option<&Shipping>,
 ) -> Result<Written> {
     let profile = pprof::build(interval, symbolizer, info, kind);
     let mut written = Written {
@@ -113,12 +130,24 @@ fn write_profile(
         processes: interval.samples.iter().filter(|s| kind.includes(s.kind)).map(|s| s.tgid).collect::<HashSet<_>>().len(),
         files: Vec::new(),
     };
+    let gzip = ember_pprof::encode_gzip(&profile);
+    if let Some(shipping) = shipping {
+        let sequence = shipping.spool.append(ember_proto::ember::Profile {
+            sequence: 0,
+            kind: kind.name().to_string(),
+            start_unix_nanos: profile.time_nanos,
+            end_unix_nanos: profile.time_nanos + profile.duration_nanos,
+            labels: shipping.labels.clone(),
+            pprof_gzip: gzip.clone(),
+        })?;
+        written.files.push(format!("spool #{sequence}"));
+    }
     if let Some(path) = &outputs.pprof {
-        write_atomic(path, &pprof::encode_gzip(&profile))?;
+        write_atomic(path, &gzip)?;
         written.files.push(path.display().to_string());
     }
     if outputs.folded.is_some() || outputs.flamegraph.is_some() {
-        let folded = views::folded(&profile, kind.flame_value(), kind.root_labels());
+        let folded = ember_pprof::folded(&profile, kind.flame_value(), kind.root_labels());
         if let Some(path) = &outputs.folded {
             write_atomic(path, (folded.join("\n") + "\n").as_bytes())?;
             written.files.push(path.display().to_string());
@@ -126,7 +155,7 @@ fn write_profile(
         if let Some(path) = &outputs.flamegraph {
             let title = format!("Ember {} profile", kind.name());
             let (_, unit) = kind.sample_types()[kind.flame_value()];
-            write_atomic(path, &views::flamegraph(&folded, &title, unit)?)?;
+            write_atomic(path, &ember_pprof::flamegraph(&folded, &title, unit)?)?;
             written.files.push(path.display().to_string());
         }
     }

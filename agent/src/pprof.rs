@@ -2,11 +2,11 @@
 //! Locations, functions and mappings are deduplicated; identical samples (same stack and
 //! labels) are merged. User locations are keyed by binary + file offset, so the same code in
 //! different processes shares one location.
-use std::{collections::HashMap, io::Write, time::UNIX_EPOCH};
+use std::{collections::HashMap, time::UNIX_EPOCH};
 
 use agent_common::counter;
 use ember_proto::pprof::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
-use flate2::{write::GzEncoder, Compression};
+use ember_pprof::{StringIndex, KERNEL_MAPPING};
 
 use crate::{
     procs::UserAddress,
@@ -14,9 +14,6 @@ use crate::{
     resolve::{ResolvedInterval, Site},
     symbolize::{Frame, Symbolizer},
 };
-
-/// Name of the mapping that holds kernel frames (as perf names it).
-pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 
 /// Counter names as written in profile comments ("ember.counter.<name>=<value>").
 pub const COUNTER_NAMES: [(u32, &str); counter::COUNT as usize] = [
@@ -52,7 +49,7 @@ enum LocationKey {
 #[derive(Default)]
 struct Builder {
     profile: Profile,
-    strings: HashMap<String, i64>,
+    strings: StringIndex,
     functions: HashMap<(String, String), u64>,
     locations: HashMap<LocationKey, u64>,
     mappings: HashMap<String, u64>,
@@ -61,13 +58,7 @@ struct Builder {
 
 impl Builder {
     fn string(&mut self, s: &str) -> i64 {
-        if let Some(&i) = self.strings.get(s) {
-            return i;
-        }
-        let i = self.profile.string_table.len() as i64;
-        self.profile.string_table.push(s.to_string());
-        self.strings.insert(s.to_string(), i);
-        i
+        self.strings.intern(&mut self.profile.string_table, s)
     }
 
     fn function(&mut self, frame: &Frame) -> u64 {
@@ -212,10 +203,4 @@ pub fn build(interval: &ResolvedInterval, symbols: &Symbolizer, info: &ProfileIn
     comments.extend(COUNTER_NAMES.iter().map(|(i, name)| format!("ember.counter.{name}={}", interval.counter(*i))));
     b.profile.comment = comments.iter().map(|c| b.string(c)).collect();
     b.profile
-}
-
-pub fn encode_gzip(profile: &Profile) -> Vec<u8> {
-    let mut gz = GzEncoder::new(Vec::new(), Compression::default());
-    gz.write_all(&prost::Message::encode_to_vec(profile)).expect("writing to memory");
-    gz.finish().expect("writing to memory")
 }

@@ -42,7 +42,7 @@ pub async fn record(args: RecordArgs) -> Result<()> {
     crate::preflight::check()?;
     let options = sampler_options(&args.sampling, &Default::default(), config::DEFAULT_RECORD_FREQUENCY)?;
     let mut collector = Collector::start(&options)?;
-    let pipeline = Pipeline::spawn(options.event.name(), options.frequency);
+    let pipeline = Pipeline::spawn(options.event.name(), options.frequency, None);
     tracing::info!(frequency = options.frequency, event = options.event.name(), duration = ?args.duration, "profiling every CPU");
     let started = Instant::now();
     let deadline = started + args.duration;

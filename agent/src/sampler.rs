@@ -182,6 +182,13 @@ impl Sampler {
             loader.override_global(names::OFF_CPU_MAX_NS, &off_cpu.max_block_ns, true);
             loader.override_global(names::OFF_CPU_RATIO, &off_cpu.ratio, true);
         }
+        // Features that are off get one-entry maps: preallocated maps cost kernel memory.
+        if options.off_cpu.is_none() {
+            loader.map_max_entries(names::OFF_CPU_START, 1);
+        }
+        if attribution.is_none() {
+            loader.map_max_entries(names::SOCK_OWNER, 1);
+        }
         for name in names::COUNTS {
             loader.map_max_entries(name, options.max_keys.max(1));
         }

@@ -4,3 +4,8 @@
 pub mod pprof {
     include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
 }
+
+/// Ember's gRPC services (collector push, agent pull) and their messages.
+pub mod ember {
+    include!(concat!(env!("OUT_DIR"), "/ember.v1.rs"));
+}

@@ -81,8 +81,8 @@ fn run_agent(args: Vec<String>) -> Result<()> {
 
 fn test(args: Vec<String>) -> Result<()> {
     setup::setup()?;
-    // The end-to-end tests run the agent binary next to them; build it first.
-    run(cargo().args(["build", "-p", "ember-agent", "-p", "ember-tests"]))?;
+    // The end-to-end tests run the agent and collector binaries next to them; build them first.
+    run(cargo().args(["build", "-p", "ember-agent", "-p", "ember-collector", "-p", "ember-tests"]))?;
     // Default members (the BPF crate is not a host crate). One test at a time: end-to-end
     // tests measure CPU time on a 2-core machine.
     run(cargo().arg("test").args(&args).args(["--", "--test-threads=1"]))

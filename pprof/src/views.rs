@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 use anyhow::{Context as _, Result};
 use ember_proto::pprof::Profile;
 
-use crate::pprof::KERNEL_MAPPING;
+/// Name of the mapping that holds kernel frames (as perf names it).
+pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 
 /// Folded stacks of the profile's value `value_index`, rooted at the values of
 /// `root_labels` (e.g. the thread name). Kernel frames carry the `_[k]` suffix and inlined

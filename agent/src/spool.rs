@@ -1,0 +1,129 @@
+//! The spool: every profile to push is first written here, numbered, so nothing is lost while
+//! the collector is down or when the agent restarts; the pusher sends the oldest first and
+//! deletes what the collector has stored. The spool is bounded: past its size the oldest
+//! profiles are dropped, and counted.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    sync::Mutex,
+};
+
+use anyhow::{Context as _, Result};
+use ember_proto::ember::Profile;
+use prost::Message;
+
+use crate::output::write_atomic;
+
+const NEXT_SEQUENCE: &str = "next-sequence";
+const EXTENSION: &str = "profile";
+
+pub struct Spool {
+    dir: PathBuf,
+    max_bytes: u64,
+    state: Mutex<State>,
+}
+
+struct State {
+    next_sequence: u64,
+    /// Dropped because the spool was full.
+    pub dropped: u64,
+}
+
+impl Spool {
+    pub fn open(dir: &Path, max_bytes: u64) -> Result<Spool> {
+        fs::create_dir_all(dir).with_context(|| format!("creating spool directory {}", dir.display()))?;
+        let stored = fs::read_to_string(dir.join(NEXT_SEQUENCE)).ok().and_then(|s| s.trim().parse().ok());
+        // The counter file is written before any profile file, so it is never behind; the
+        // scan only matters if it was lost.
+        let highest = Self::files(dir)?.last().map(|(seq, _)| *seq).unwrap_or(0);
+        let next_sequence = stored.unwrap_or(1).max(highest + 1);
+        Ok(Spool { dir: dir.to_path_buf(), max_bytes, state: Mutex::new(State { next_sequence, dropped: 0 }) })
+    }
+
+    /// Spooled files, oldest first.
+    fn files(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+        let mut files: Vec<(u64, PathBuf)> = fs::read_dir(dir)
+            .with_context(|| format!("reading spool {}", dir.display()))?
+            .flatten()
+            .filter_map(|e| {
+                let path = e.path();
+                let seq = path.extension().filter(|x| *x == EXTENSION).and(path.file_stem())?.to_str()?.parse().ok()?;
+                Some((seq, path))
+            })
+            .collect();
+        files.sort();
+        Ok(files)
+    }
+
+    /// Numbers the profile and writes it to disk; returns its sequence number.
+    pub fn append(&self, mut profile: Profile) -> Result<u64> {
+        let mut state = self.state.lock().expect("spool lock");
+        profile.sequence = state.next_sequence;
+        state.next_sequence += 1;
+        write_atomic(&self.dir.join(NEXT_SEQUENCE), state.next_sequence.to_string().as_bytes())?;
+        let path = self.dir.join(format!("{:020}.{EXTENSION}", profile.sequence));
+        write_atomic(&path, &profile.encode_to_vec())?;
+        let mut files = Self::files(&self.dir)?;
+        let mut total: u64 = files.iter().filter_map(|(_, p)| fs::metadata(p).ok()).map(|m| m.len()).sum();
+        while total > self.max_bytes && files.len() > 1 {
+            let (seq, oldest) = files.remove(0);
+            total -= fs::metadata(&oldest).map(|m| m.len()).unwrap_or(0);
+            fs::remove_file(&oldest).with_context(|| format!("dropping {}", oldest.display()))?;
+            state.dropped += 1;
+            tracing::warn!(sequence = seq, dropped_total = state.dropped, "spool full: dropped the oldest profile");
+        }
+        Ok(profile.sequence)
+    }
+
+    /// Up to `limit` spooled profiles, oldest first.
+    pub fn oldest(&self, limit: usize) -> Result<Vec<Profile>> {
+        let _state = self.state.lock().expect("spool lock");
+        Self::files(&self.dir)?
+            .into_iter()
+            .take(limit)
+            .map(|(_, path)| {
+                let bytes = fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+                Profile::decode(&bytes[..]).with_context(|| format!("corrupt spool file {}", path.display()))
+            })
+            .collect()
+    }
+
+    /// Forgets every profile up to and including `sequence`.
+    pub fn remove_through(&self, sequence: u64) -> Result<()> {
+        let _state = self.state.lock().expect("spool lock");
+        for (seq, path) in Self::files(&self.dir)? {
+            if seq <= sequence {
+                fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile(bytes: usize) -> Profile {
+        Profile { kind: "cpu".into(), pprof_gzip: vec![1; bytes], ..Default::default() }
+    }
+
+    #[test]
+    fn sequences_survive_restart_and_full_spools_drop_the_oldest() {
+        let dir = std::env::temp_dir().join(format!("ember-spool-test-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let spool = Spool::open(&dir, 10_000).unwrap();
+        assert_eq!(spool.append(profile(100)).unwrap(), 1);
+        assert_eq!(spool.append(profile(100)).unwrap(), 2);
+        spool.remove_through(2).unwrap();
+        // Reopened empty: numbering goes on, so the collector cannot mistake new for old.
+        let spool = Spool::open(&dir, 10_000).unwrap();
+        assert_eq!(spool.append(profile(4_000)).unwrap(), 3);
+        assert_eq!(spool.append(profile(4_000)).unwrap(), 4);
+        assert_eq!(spool.append(profile(4_000)).unwrap(), 5);
+        let left: Vec<u64> = spool.oldest(10).unwrap().iter().map(|p| p.sequence).collect();
+        assert_eq!(left, [4, 5], "the oldest is dropped when the spool is over 10 kB");
+        assert_eq!(spool.state.lock().unwrap().dropped, 1);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,42 @@
+//! Query: merges the stored profiles of one kind that match a label selector and a time
+//! range into one pprof, folded stacks, or an SVG flame graph.
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Context as _, Result};
+use ember_proto::pprof::Profile;
+
+use crate::store::{Store, StoredProfile};
+
+/// "service=api,node=x": every pair must match the profile's labels (or agent/host).
+pub fn parse_selector(text: &str) -> Result<BTreeMap<String, String>> {
+    text.split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').with_context(|| format!("selector term {pair:?} is not key=value"))?;
+            Ok((k.trim().to_string(), v.trim().to_string()))
+        })
+        .collect()
+}
+
+fn matches(stored: &StoredProfile, kind: &str, selector: &BTreeMap<String, String>) -> bool {
+    let (Some(agent), Some(profile)) = (&stored.agent, &stored.profile) else { return false };
+    profile.kind == kind
+        && selector.iter().all(|(k, v)| match k.as_str() {
+            "agent" => &agent.agent_id == v,
+            "host" => &agent.hostname == v,
+            _ => profile.labels.get(k) == Some(v),
+        })
+}
+
+pub fn merged(store: &Store, kind: &str, selector: &BTreeMap<String, String>, from: u64, to: u64) -> Result<(Profile, usize)> {
+    let mut profiles = Vec::new();
+    for stored in store.range(from, to)?.iter().filter(|s| matches(s, kind, selector)) {
+        let bytes = &stored.profile.as_ref().expect("matched").pprof_gzip;
+        profiles.push(ember_pprof::decode_gzip(bytes, 1 << 30)?);
+    }
+    if profiles.is_empty() {
+        bail!("no {kind} profiles match in that time range");
+    }
+    let count = profiles.len();
+    Ok((ember_pprof::merge(&profiles)?, count))
+}

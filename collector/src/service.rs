@@ -1,0 +1,63 @@
+//! The gRPC Collector service: validates pushed profiles and stores them. Bad input is
+//! refused with a clear status and never affects what is already stored.
+use std::sync::Arc;
+
+use ember_proto::ember::{collector_server::Collector, Profile, PushRequest, PushResponse};
+use tonic::{Request, Response, Status};
+
+use crate::store::Store;
+
+pub const KINDS: [&str; 7] = ["cpu", "offcpu", "wall", "net-tx", "net-rx", "net-retransmit", "net-drop"];
+/// A profile may decompress to at most this much.
+const MAX_DECOMPRESSED: u64 = 256 << 20;
+/// Start times more than this far in the future are a broken agent clock.
+const MAX_CLOCK_SKEW_NS: i64 = 10 * 60 * 1_000_000_000;
+const MAX_LABELS: usize = 256;
+
+pub struct CollectorService {
+    pub store: Arc<Store>,
+}
+
+fn check(profile: &Profile, now_ns: i64) -> Result<(), String> {
+    if !KINDS.contains(&profile.kind.as_str()) {
+        return Err(format!("unknown profile kind {:?} (known: {})", profile.kind, KINDS.join(", ")));
+    }
+    if profile.sequence == 0 {
+        return Err("sequence numbers start at 1".into());
+    }
+    if profile.end_unix_nanos < profile.start_unix_nanos || profile.start_unix_nanos <= 0 {
+        return Err(format!("time range {}..{} is not a range", profile.start_unix_nanos, profile.end_unix_nanos));
+    }
+    if profile.start_unix_nanos > now_ns + MAX_CLOCK_SKEW_NS {
+        return Err("profile starts more than 10 minutes in the future: check the agent's clock".into());
+    }
+    if profile.labels.len() > MAX_LABELS {
+        return Err(format!("{} labels on one profile (at most {MAX_LABELS})", profile.labels.len()));
+    }
+    ember_pprof::decode_gzip(&profile.pprof_gzip, MAX_DECOMPRESSED).map_err(|e| format!("{e:#}"))?;
+    Ok(())
+}
+
+#[tonic::async_trait]
+impl Collector for CollectorService {
+    async fn push(&self, request: Request<PushRequest>) -> Result<Response<PushResponse>, Status> {
+        let request = request.into_inner();
+        let agent = request.agent.ok_or_else(|| Status::invalid_argument("push without agent identity"))?;
+        if agent.agent_id.is_empty() {
+            return Err(Status::invalid_argument("push with an empty agent_id"));
+        }
+        let now_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as i64;
+        for profile in &request.profiles {
+            if let Err(why) = check(profile, now_ns) {
+                tracing::warn!(agent = agent.agent_id, sequence = profile.sequence, "refused a profile: {why}");
+                return Err(Status::invalid_argument(format!("profile {}: {why}", profile.sequence)));
+            }
+        }
+        let store = self.store.clone();
+        let stored = tokio::task::spawn_blocking(move || store.put(&agent, &request.profiles))
+            .await
+            .map_err(|e| Status::internal(format!("store task failed: {e}")))?
+            .map_err(|e| Status::unavailable(format!("storing failed: {e:#}")))?;
+        Ok(Response::new(PushResponse { stored_through: stored.stored_through, duplicates: stored.duplicates }))
+    }
+}

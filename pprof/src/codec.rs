@@ -1,0 +1,47 @@
+//! gzipped profile.proto, the form profiles take on disk and on the wire.
+use std::io::{Read, Write};
+
+use anyhow::{Context as _, Result};
+use ember_proto::pprof::Profile;
+use flate2::{read::GzDecoder, write::GzEncoder, Compression};
+use prost::Message;
+
+pub fn encode_gzip(profile: &Profile) -> Vec<u8> {
+    let mut gz = GzEncoder::new(Vec::new(), Compression::default());
+    gz.write_all(&profile.encode_to_vec()).expect("writing to memory");
+    gz.finish().expect("writing to memory")
+}
+
+/// Decodes untrusted bytes, with the decompressed size bounded (a gzip bomb is an error).
+pub fn decode_gzip(bytes: &[u8], max_decompressed: u64) -> Result<Profile> {
+    let mut raw = Vec::new();
+    GzDecoder::new(bytes).take(max_decompressed + 1).read_to_end(&mut raw).context("profile is not gzipped")?;
+    anyhow::ensure!(raw.len() as u64 <= max_decompressed, "profile decompresses to more than {max_decompressed} bytes");
+    let profile = Profile::decode(&raw[..]).context("profile is not a valid profile.proto")?;
+    validate(&profile)?;
+    Ok(profile)
+}
+
+/// Every index and id a consumer will follow must resolve.
+fn validate(p: &Profile) -> Result<()> {
+    let strings = p.string_table.len() as i64;
+    anyhow::ensure!(p.string_table.first().is_some_and(String::is_empty), "string_table[0] must be empty");
+    let string_ok = |i: i64| (0..strings).contains(&i);
+    anyhow::ensure!(p.sample_type.iter().all(|t| string_ok(t.r#type) && string_ok(t.unit)), "sample_type names a missing string");
+    let functions: std::collections::HashSet<u64> = p.function.iter().map(|f| f.id).collect();
+    anyhow::ensure!(p.function.iter().all(|f| string_ok(f.name) && string_ok(f.filename)), "function names a missing string");
+    let mappings: std::collections::HashSet<u64> = p.mapping.iter().map(|m| m.id).collect();
+    anyhow::ensure!(p.mapping.iter().all(|m| string_ok(m.filename) && string_ok(m.build_id)), "mapping names a missing string");
+    for location in &p.location {
+        anyhow::ensure!(location.mapping_id == 0 || mappings.contains(&location.mapping_id), "location {} names a missing mapping", location.id);
+        anyhow::ensure!(location.line.iter().all(|l| functions.contains(&l.function_id)), "location {} names a missing function", location.id);
+    }
+    let locations: std::collections::HashSet<u64> = p.location.iter().map(|l| l.id).collect();
+    for sample in &p.sample {
+        anyhow::ensure!(sample.value.len() == p.sample_type.len(), "a sample has {} values for {} sample types", sample.value.len(), p.sample_type.len());
+        anyhow::ensure!(sample.location_id.iter().all(|id| locations.contains(id)), "a sample names a missing location");
+        anyhow::ensure!(sample.label.iter().all(|l| string_ok(l.key) && string_ok(l.str)), "a label names a missing string");
+    }
+    anyhow::ensure!(p.comment.iter().all(|&c| string_ok(c)), "a comment names a missing string");
+    Ok(())
+}

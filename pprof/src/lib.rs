@@ -1,0 +1,10 @@
+//! pprof profile tools shared by the agent and the collector.
+mod codec;
+mod merge;
+mod strings;
+mod views;
+
+pub use codec::{decode_gzip, encode_gzip};
+pub use merge::merge;
+pub use strings::StringIndex;
+pub use views::{flamegraph, folded, KERNEL_MAPPING};

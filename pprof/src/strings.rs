@@ -1,0 +1,18 @@
+//! pprof's string table: every string once, referred to by index; index 0 is "".
+use std::collections::HashMap;
+
+#[derive(Default)]
+pub struct StringIndex(HashMap<String, i64>);
+
+impl StringIndex {
+    /// Index of `s` in `table`, appending it the first time.
+    pub fn intern(&mut self, table: &mut Vec<String>, s: &str) -> i64 {
+        if let Some(&i) = self.0.get(s) {
+            return i;
+        }
+        let i = table.len() as i64;
+        table.push(s.to_string());
+        self.0.insert(s.to_string(), i);
+        i
+    }
+}

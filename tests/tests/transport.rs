@@ -1,0 +1,215 @@
+//! Transport end to end on loopback: agents push to a real collector over gRPC; the collector
+//! stores, de-duplicates and merges. Needs root (the agent loads BPF programs).
+use std::{
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::Path,
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
+
+use ember_tests::{require_root, Agent, Decoded, Fixture, TempDir};
+
+const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
+
+fn collector_bin() -> std::path::PathBuf {
+    ember_tests::agent_bin().with_file_name("ember-collector")
+}
+
+/// A loopback port nobody listens on.
+fn free_address() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// A running collector, stopped (SIGINT) on drop.
+struct Collector(Child);
+
+impl Collector {
+    fn start(address: SocketAddr, data: &Path) -> Collector {
+        let child = Command::new(collector_bin())
+            .args(["serve", "--listen", &address.to_string(), "--data-dir", data.to_str().unwrap()])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("starting ember-collector");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(address).is_err() {
+            assert!(Instant::now() < deadline, "collector not listening after 10 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Collector(child)
+    }
+
+    fn stop(mut self) {
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
+        let status = self.0.wait().unwrap();
+        assert!(status.success(), "collector exited with {status}");
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// (agent, sequence) of every stored profile.
+fn stored(data: &Path) -> Vec<(String, u64)> {
+    let out = Command::new(collector_bin()).args(["list", "--data-dir", data.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut rows: Vec<(String, u64)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[0].to_string(), f[1].parse().unwrap())
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+fn push_agent(address: SocketAddr, spool: &Path, extra: &[&str]) -> Agent {
+    let url = format!("http://{address}");
+    let mut args = vec!["run", "-F", "99", "--interval", "1s", "--push", &url, "--agent-id", "test-agent"];
+    args.extend(["--spool-dir", spool.to_str().unwrap()]);
+    args.extend(extra);
+    let mut agent = Agent::spawn(&args);
+    agent.wait_ready();
+    agent
+}
+
+fn stop(agent: Agent) {
+    agent.signal(libc::SIGTERM);
+    agent.wait_success(Duration::from_secs(60));
+}
+
+fn spool_is_empty(spool: &Path) -> bool {
+    std::fs::read_dir(spool).unwrap().flatten().all(|e| e.path().extension().is_none_or(|x| x != "profile"))
+}
+
+#[test]
+fn pushed_profiles_are_stored_and_query_returns_the_fixtures_totals() {
+    require_root();
+    let dir = TempDir::new("push");
+    let (address, data, spool, local) = (free_address(), dir.path("data"), dir.path("spool"), dir.path("local"));
+    let collector = Collector::start(address, &data);
+    let mut fixture = Fixture::spawn(FIXTURE, "split", 2.0);
+    let pid = fixture.pid().to_string();
+    let agent = push_agent(address, &spool, &["--pid", &pid, "--output-dir", local.to_str().unwrap()]);
+    fixture.start();
+    fixture.finish();
+    stop(agent);
+    assert!(spool_is_empty(&spool), "profiles left in the spool with the collector up");
+    collector.stop();
+
+    let out = dir.path("merged.pb.gz");
+    let query = Command::new(collector_bin())
+        .args(["query", "--data-dir", data.to_str().unwrap(), "--kind", "cpu", "--selector", "agent=test-agent"])
+        .args(["--format", "pprof", "-o", out.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(query.success());
+    let merged = Decoded::read(&out);
+    // The agent also wrote every profile locally: the collector's merge must hold the same.
+    let local_total: i64 = std::fs::read_dir(&local)
+        .unwrap()
+        .flatten()
+        .map(|e| Decoded::read(&e.path()))
+        .map(|p| Decoded::total(&p.samples_of(fixture_pid(&pid))))
+        .sum();
+    let merged_total = Decoded::total(&merged.samples_of(fixture_pid(&pid)));
+    assert!(merged_total > 100, "the fixture's samples are missing from the query");
+    assert_eq!(merged_total, local_total);
+    assert!(merged.samples_of(fixture_pid(&pid)).iter().any(|s| s.has_function("fixture::hot_a")));
+}
+
+fn fixture_pid(pid: &str) -> u32 {
+    pid.parse().unwrap()
+}
+
+#[test]
+fn collector_outage_and_agent_restart_lose_nothing_and_store_each_profile_once() {
+    require_root();
+    let dir = TempDir::new("outage");
+    let (address, data, spool) = (free_address(), dir.path("data"), dir.path("spool"));
+    let collector = Collector::start(address, &data);
+    let agent = push_agent(address, &spool, &["--pid", "1"]);
+    std::thread::sleep(Duration::from_secs(3));
+    collector.stop();
+    // 30 s without a collector: the agent keeps profiling into its spool.
+    std::thread::sleep(Duration::from_secs(30));
+    assert!(!spool_is_empty(&spool), "nothing was spooled during the outage");
+    // The agent stops while the collector is still down: its spool must survive the restart.
+    stop(agent);
+    let collector = Collector::start(address, &data);
+    let agent = push_agent(address, &spool, &["--pid", "1"]);
+    std::thread::sleep(Duration::from_secs(3));
+    stop(agent);
+    collector.stop();
+
+    assert!(spool_is_empty(&spool), "spooled profiles were not delivered");
+    let next: u64 = std::fs::read_to_string(spool.join("next-sequence")).unwrap().trim().parse().unwrap();
+    let rows = stored(&data);
+    let expected: Vec<(String, u64)> = (1..next).map(|s| ("test-agent".to_string(), s)).collect();
+    assert!(expected.len() > 30, "only {} profiles made in ~36 s at 1 s intervals", expected.len());
+    assert_eq!(rows, expected, "every profile exactly once, none missing");
+}
+
+#[test]
+fn bad_pushes_are_refused_without_crashing_or_losing_what_is_stored() {
+    use std::collections::HashMap;
+
+    use ember_proto::{
+        ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest},
+        pprof,
+    };
+    use tonic::Code;
+
+    let dir = TempDir::new("bad-push");
+    let (address, data) = (free_address(), dir.path("data"));
+    let collector = Collector::start(address, &data);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i64;
+    let valid_pprof = {
+        let profile = pprof::Profile { string_table: vec![String::new()], ..Default::default() };
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        std::io::Write::write_all(&mut gz, &prost::Message::encode_to_vec(&profile)).unwrap();
+        gz.finish().unwrap()
+    };
+    let profile = |sequence: u64| Profile {
+        sequence,
+        kind: "cpu".into(),
+        start_unix_nanos: now - 10_000_000_000,
+        end_unix_nanos: now,
+        labels: HashMap::new(),
+        pprof_gzip: valid_pprof.clone(),
+    };
+    let push = |profile: Profile| {
+        runtime.block_on(async {
+            let mut client = CollectorClient::connect(format!("http://{address}")).await.unwrap();
+            let agent = AgentIdentity { agent_id: "bad-test".into(), hostname: "h".into(), version: "0".into() };
+            client.push(PushRequest { agent: Some(agent), profiles: vec![profile] }).await
+        })
+    };
+
+    let first = push(profile(1)).expect("a valid push is stored").into_inner();
+    assert_eq!((first.stored_through, first.duplicates), (1, 0));
+
+    let refused = |p: Profile, codes: &[Code], what: &str| {
+        let status = push(p).expect_err(what);
+        assert!(codes.contains(&status.code()), "{what}: {status:?}");
+    };
+    refused(Profile { pprof_gzip: b"not a profile".to_vec(), ..profile(2) }, &[Code::InvalidArgument], "malformed pprof");
+    refused(Profile { kind: "gpu".into(), ..profile(2) }, &[Code::InvalidArgument], "unknown kind");
+    let tomorrow = now + 86_400_000_000_000;
+    refused(Profile { start_unix_nanos: tomorrow, end_unix_nanos: tomorrow + 1, ..profile(2) }, &[Code::InvalidArgument], "clock skew");
+    refused(Profile { end_unix_nanos: now - 20_000_000_000, ..profile(2) }, &[Code::InvalidArgument], "end before start");
+    refused(Profile { pprof_gzip: vec![7; 5 << 20], ..profile(2) }, &[Code::ResourceExhausted, Code::OutOfRange], "oversized message");
+    let labels: HashMap<String, String> = (0..1_000_000).map(|i| (format!("k{i}"), "v".into())).collect();
+    refused(Profile { labels, ..profile(2) }, &[Code::ResourceExhausted, Code::OutOfRange, Code::InvalidArgument], "a million labels");
+
+    // A retry of what is stored is acknowledged and dropped.
+    let retry = push(profile(1)).expect("a retry is not an error").into_inner();
+    assert_eq!((retry.stored_through, retry.duplicates), (1, 1));
+    collector.stop();
+    assert_eq!(stored(&data), [("bad-test".to_string(), 1)]);
+}
