@@ -1,10 +1,17 @@
 //! ember-collector: receives profiles pushed by agents over gRPC, keeps them in an embedded
 //! store under a data directory, and answers queries.
+mod http;
 mod query;
 mod service;
 mod store;
 
-use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::UNIX_EPOCH};
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    process::ExitCode,
+    sync::Arc,
+    time::{Duration, UNIX_EPOCH},
+};
 
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
@@ -21,12 +28,21 @@ struct Cli {
 enum Command {
     /// Receive pushed profiles (gRPC) and store them.
     Serve {
-        /// Address to listen on.
+        /// gRPC address agents push to.
         #[arg(long, default_value = "127.0.0.1:7070")]
         listen: SocketAddr,
+        /// HTTP address of the query API (/query, /diff, /healthz).
+        #[arg(long, default_value = "127.0.0.1:7071")]
+        http: SocketAddr,
         /// Where the embedded store keeps its data.
         #[arg(long, default_value = "ember-data")]
         data_dir: PathBuf,
+        /// Delete profiles older than this many hours.
+        #[arg(long, default_value_t = 168)]
+        retention_hours: u64,
+        /// Keep at most this many MiB of profiles (oldest deleted first).
+        #[arg(long, default_value_t = 10_240)]
+        max_size_mib: u64,
     },
     /// List stored profiles: agent, sequence, kind, start (unix ns), size.
     List {
@@ -58,20 +74,66 @@ enum Command {
     },
 }
 
-async fn serve(listen: SocketAddr, data_dir: PathBuf) -> Result<()> {
-    let store = Arc::new(store::Store::open(&data_dir)?);
-    let service = service::CollectorService { store };
-    tracing::info!(%listen, data_dir = %data_dir.display(), "collector listening");
-    tonic::transport::Server::builder()
-        .add_service(CollectorServer::new(service))
-        .serve_with_shutdown(listen, async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await
-        .with_context(|| format!("serving on {listen}"))
+struct Serve {
+    listen: SocketAddr,
+    http: SocketAddr,
+    data_dir: PathBuf,
+    retention: Duration,
+    max_bytes: u64,
 }
 
-fn query(data_dir: PathBuf, kind: String, selector: String, from: Option<u64>, to: Option<u64>, format: String, output: PathBuf) -> Result<()> {
+async fn serve(args: Serve) -> Result<()> {
+    let store = Arc::new(store::Store::open(&args.data_dir)?);
+    let http = tokio::net::TcpListener::bind(args.http).await.with_context(|| format!("binding {}", args.http))?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let until_stopped = move || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    };
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        let _ = stop.send(true);
+    });
+    tokio::spawn(retention(store.clone(), args.retention, args.max_bytes, until_stopped()));
+    let http = tokio::spawn(http::serve(http, store.clone(), until_stopped()));
+    tracing::info!(grpc = %args.listen, http = %args.http, data_dir = %args.data_dir.display(), "collector listening");
+    tonic::transport::Server::builder()
+        .add_service(CollectorServer::new(service::CollectorService { store }))
+        .serve_with_shutdown(args.listen, until_stopped())
+        .await
+        .with_context(|| format!("serving gRPC on {}", args.listen))?;
+    http.await??;
+    Ok(())
+}
+
+/// Applies retention once a minute.
+async fn retention(store: Arc<store::Store>, max_age: Duration, max_bytes: u64, stop: impl std::future::Future<Output = ()>) {
+    tokio::pin!(stop);
+    let mut every = tokio::time::interval(Duration::from_secs(60));
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = every.tick() => {}
+        }
+        let oldest = std::time::SystemTime::now().checked_sub(max_age).unwrap_or(UNIX_EPOCH);
+        let min_start = oldest.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
+        let store = store.clone();
+        match tokio::task::spawn_blocking(move || store.enforce_retention(min_start, max_bytes)).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(deleted)) => tracing::info!(deleted, "retention: deleted old profiles"),
+            Ok(Err(e)) => tracing::error!("retention failed: {e:#}"),
+            Err(e) => tracing::error!("retention task failed: {e}"),
+        }
+    }
+}
+
+fn run_query(data_dir: PathBuf, kind: String, selector: String, from: Option<u64>, to: Option<u64>, format: String, output: PathBuf) -> Result<()> {
     let store = store::Store::open(&data_dir)?;
     let selector = query::parse_selector(&selector)?;
     let now = std::time::SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() + 1;
@@ -103,12 +165,19 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
-        Command::Serve { listen, data_dir } => {
-            tokio::runtime::Runtime::new().expect("tokio runtime").block_on(serve(listen, data_dir))
+        Command::Serve { listen, http, data_dir, retention_hours, max_size_mib } => {
+            let args = Serve {
+                listen,
+                http,
+                data_dir,
+                retention: Duration::from_secs(retention_hours * 3600),
+                max_bytes: max_size_mib << 20,
+            };
+            tokio::runtime::Runtime::new().expect("tokio runtime").block_on(serve(args))
         }
         Command::List { data_dir } => list(data_dir),
         Command::Query { data_dir, kind, selector, from, to, format, output } => {
-            query(data_dir, kind, selector, from, to, format, output)
+            run_query(data_dir, kind, selector, from, to, format, output)
         }
     };
     match result {

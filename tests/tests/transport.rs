@@ -25,8 +25,13 @@ struct Collector(Child);
 
 impl Collector {
     fn start(address: SocketAddr, data: &Path) -> Collector {
+        Collector::start_with_http(address, free_address(), data)
+    }
+
+    fn start_with_http(address: SocketAddr, http: SocketAddr, data: &Path) -> Collector {
         let child = Command::new(collector_bin())
-            .args(["serve", "--listen", &address.to_string(), "--data-dir", data.to_str().unwrap()])
+            .args(["serve", "--listen", &address.to_string(), "--http", &http.to_string()])
+            .args(["--data-dir", data.to_str().unwrap()])
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("starting ember-collector");
@@ -49,6 +54,37 @@ impl Drop for Collector {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// GET over plain HTTP/1.1 (loopback); returns (status, body).
+fn http_get(address: SocketAddr, path: &str) -> (u16, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).unwrap();
+    let split = response.windows(4).position(|w| w == b"\r\n\r\n").expect("HTTP header end");
+    let head = String::from_utf8_lossy(&response[..split]).to_string();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let mut body = response[split + 4..].to_vec();
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        body = dechunk(&body);
+    }
+    (status, body)
+}
+
+fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = data.windows(2).position(|w| w == b"\r\n").unwrap();
+        let size = usize::from_str_radix(std::str::from_utf8(&data[..line_end]).unwrap().trim(), 16).unwrap();
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&data[line_end + 2..line_end + 2 + size]);
+        data = &data[line_end + 2 + size + 2..];
     }
 }
 
@@ -91,7 +127,8 @@ fn pushed_profiles_are_stored_and_query_returns_the_fixtures_totals() {
     require_root();
     let dir = TempDir::new("push");
     let (address, data, spool, local) = (free_address(), dir.path("data"), dir.path("spool"), dir.path("local"));
-    let collector = Collector::start(address, &data);
+    let http = free_address();
+    let collector = Collector::start_with_http(address, http, &data);
     let mut fixture = Fixture::spawn(FIXTURE, "split", 2.0);
     let pid = fixture.pid().to_string();
     let agent = push_agent(address, &spool, &["--pid", &pid, "--output-dir", local.to_str().unwrap()]);
@@ -99,6 +136,18 @@ fn pushed_profiles_are_stored_and_query_returns_the_fixtures_totals() {
     fixture.finish();
     stop(agent);
     assert!(spool_is_empty(&spool), "profiles left in the spool with the collector up");
+    // The running collector answers queries over HTTP.
+    assert_eq!(http_get(http, "/healthz"), (200, b"ok\n".to_vec()));
+    let (status, folded) = http_get(http, "/query?kind=cpu&selector=agent=test-agent&format=folded");
+    assert_eq!(status, 200);
+    assert!(String::from_utf8_lossy(&folded).contains("fixture::main;fixture::hot_a"));
+    let (status, svg) = http_get(http, "/query?kind=cpu&format=svg");
+    assert!(status == 200 && String::from_utf8_lossy(&svg).contains("<svg"));
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let (status, diff) = http_get(http, &format!("/diff?kind=cpu&base_from=0&base_to={}&from=0&to={}", now + 1, now + 1));
+    assert!(status == 200 && String::from_utf8_lossy(&diff).contains("<svg"), "diff: {status}");
+    let (status, _) = http_get(http, "/query?kind=offcpu");
+    assert_eq!(status, 404, "no off-CPU profiles were pushed");
     collector.stop();
 
     let out = dir.path("merged.pb.gz");

@@ -2,7 +2,7 @@
 mod bench;
 mod setup;
 
-use std::process::Command;
+use std::{os::unix::process::CommandExt, process::Command};
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
@@ -20,8 +20,8 @@ enum Task {
     Setup,
     /// Set up, then build the workspace (release).
     Build,
-    /// Set up, build, and run the agent on this host, writing profiles and flame graphs to
-    /// ./ember-profiles (arguments after -- go to `ember-agent run`).
+    /// Set up, build, and run a collector (embedded store in ./ember-data) and an agent
+    /// profiling this host and pushing to it (arguments after -- go to `ember-agent run`).
     Run {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -68,15 +68,37 @@ fn main() {
     }
 }
 
+/// The main job on the embedded default: a collector with its embedded store, and an agent
+/// profiling this host and pushing to it (also keeping local files).
 fn run_agent(args: Vec<String>) -> Result<()> {
     setup::setup()?;
-    run(cargo().args(["build", "--release", "-p", "ember-agent"]))?;
-    let agent = workspace_root().join("target/release/ember-agent");
-    let dir = workspace_root().join("ember-profiles");
-    println!("Profiling this host; every 10 s a profile lands in {}:", dir.display());
-    println!("  cpu-<time>.pb.gz (pprof), cpu-<time>.svg (flame graph), cpu-<time>.folded. Ctrl-C stops.");
-    let defaults = ["--output-dir", dir.to_str().context("non-UTF-8 path")?, "--flamegraphs"];
-    run(Command::new(agent).arg("run").args(defaults).args(args))
+    run(cargo().args(["build", "--release", "-p", "ember-agent", "-p", "ember-collector"]))?;
+    let (root, release) = (workspace_root(), workspace_root().join("target/release"));
+    let path = |name: &str| root.join(name).to_str().map(str::to_string).context("non-UTF-8 path");
+    // The collector gets its own process group: Ctrl-C reaches the agent, which flushes its
+    // last interval and pushes it, and only then is the collector stopped.
+    let mut collector = Command::new(release.join("ember-collector"))
+        .args(["serve", "--listen", "127.0.0.1:7070", "--http", "127.0.0.1:7071", "--data-dir", &path("ember-data")?])
+        .process_group(0)
+        .spawn()
+        .context("starting ember-collector")?;
+    unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+    println!("Profiling this host. Every 10 s the profiles are pushed to the collector (./ember-data) and");
+    println!("written to ./ember-profiles (pprof, folded, SVG). Live flame graph of everything so far:");
+    println!("  curl 'http://127.0.0.1:7071/query?kind=cpu&format=svg' > cpu.svg");
+    println!("Ctrl-C stops both.");
+    let agent = Command::new(release.join("ember-agent"))
+        .args(["run", "--push", "http://127.0.0.1:7070", "--spool-dir", &path("ember-spool")?])
+        .args(["--output-dir", &path("ember-profiles")?, "--flamegraphs"])
+        .args(args)
+        .status();
+    unsafe { libc::kill(collector.id() as i32, libc::SIGINT) };
+    collector.wait()?;
+    let status = agent.context("starting ember-agent")?;
+    if !status.success() {
+        bail!("ember-agent failed ({status})");
+    }
+    Ok(())
 }
 
 fn test(args: Vec<String>) -> Result<()> {
