@@ -1,10 +1,11 @@
-//! `cargo xtask bench oncpu | offcpu | net`: Ember and its peers on the same workload, in one
+//! `cargo xtask bench oncpu | offcpu | net | transport`: Ember and its peers on the same workload, in one
 //! command, measured the same way from /proc: CPU over a steady-state window, peak RSS, and
 //! (with kernel.bpf_stats_enabled) the run time of each profiler's BPF programs and the
 //! memory of its maps.
 mod net;
 mod offcpu;
 mod oncpu;
+mod transport;
 
 use std::{
     fs,
@@ -20,7 +21,7 @@ use crate::{cargo, run, workspace_root};
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// Which benchmark.
-    #[arg(value_parser = ["oncpu", "offcpu", "net"])]
+    #[arg(value_parser = ["oncpu", "offcpu", "net", "transport"])]
     which: String,
     /// Length of the measured window per run.
     #[arg(long, default_value_t = 20)]
@@ -31,12 +32,13 @@ pub struct BenchArgs {
 }
 
 pub fn bench(args: BenchArgs) -> Result<()> {
-    run(cargo().args(["build", "--release", "-p", "ember-agent", "-p", "ember-tests"]))?;
+    run(cargo().args(["build", "--release", "-p", "ember-agent", "-p", "ember-collector", "-p", "ember-tests"]))?;
     let _stats = BpfStatsEnabled::enable()?;
     match args.which.as_str() {
         "oncpu" => oncpu::run(args.seconds, &args.frequencies),
         "offcpu" => offcpu::run(args.seconds),
         "net" => net::run(args.seconds),
+        "transport" => transport::run(),
         other => bail!("unknown benchmark {other}"),
     }
 }
