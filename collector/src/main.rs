@@ -102,8 +102,18 @@ async fn serve(args: Serve) -> Result<()> {
     });
     tokio::spawn(retention(store.clone(), args.retention, args.max_bytes, until_stopped()));
     let http = tokio::spawn(http::serve(http, store.clone(), until_stopped()));
+    // Standard gRPC health checking and reflection, for probes and tools such as grpcurl.
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<CollectorServer<service::CollectorService>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(ember_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the gRPC reflection service")?;
     tracing::info!(grpc = %args.listen, http = %args.http, data_dir = %args.data_dir.display(), "collector listening");
     tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection)
         .add_service(CollectorServer::new(service::CollectorService { store }))
         .serve_with_shutdown(args.listen, until_stopped())
         .await

@@ -9,3 +9,6 @@ pub mod pprof {
 pub mod ember {
     include!(concat!(env!("OUT_DIR"), "/ember.v1.rs"));
 }
+
+/// Encoded descriptors of every message and service above, for gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ember_descriptor.bin"));

@@ -262,3 +262,33 @@ fn bad_pushes_are_refused_without_crashing_or_losing_what_is_stored() {
     collector.stop();
     assert_eq!(stored(&data), [("bad-test".to_string(), 1)]);
 }
+
+#[test]
+fn collector_answers_grpc_health_checks_and_reflection() {
+    use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest};
+    use tonic_reflection::pb::v1::{
+        server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest,
+        server_reflection_response::MessageResponse, ServerReflectionRequest,
+    };
+
+    let dir = TempDir::new("health");
+    let address = free_address();
+    let collector = Collector::start(address, &dir.path("data"));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (status, services) = runtime.block_on(async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}")).unwrap().connect().await.unwrap();
+        let mut health = HealthClient::new(channel.clone());
+        let request = HealthCheckRequest { service: "ember.v1.Collector".into() };
+        let status = health.check(request).await.unwrap().into_inner().status;
+        let mut reflection = ServerReflectionClient::new(channel);
+        let request = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
+        let mut responses = reflection.server_reflection_info(tokio_stream::iter(vec![request])).await.unwrap().into_inner();
+        let response = responses.message().await.unwrap().expect("a reflection response");
+        let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else { panic!("not a service list") };
+        (status, list.service.into_iter().map(|s| s.name).collect::<Vec<_>>())
+    });
+    assert_eq!(status, ServingStatus::Serving as i32);
+    assert!(services.contains(&"ember.v1.Collector".to_string()), "{services:?}");
+    assert!(services.contains(&"grpc.health.v1.Health".to_string()), "{services:?}");
+    collector.stop();
+}
