@@ -36,6 +36,7 @@ pub struct FileConfig {
     pub spool_dir: Option<PathBuf>,
     pub spool_max_mib: Option<u64>,
     pub agent_id: Option<String>,
+    pub token_file: Option<PathBuf>,
     /// Static labels on every pushed profile.
     pub labels: Option<std::collections::HashMap<String, String>>,
 }

@@ -52,6 +52,9 @@ pub struct RunArgs {
     /// This agent's identity at the collector [default: the host name].
     #[arg(long)]
     agent_id: Option<String>,
+    /// File holding the bearer token the collector requires.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
     #[command(flatten)]
     sampling: SamplingArgs,
 }
@@ -198,7 +201,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
             };
             let mut labels = file.labels.clone().unwrap_or_default();
             labels.entry("host".into()).or_insert_with(|| hostname.clone());
-            let pusher = Pusher::new(url, spool.clone(), agent)?;
+            let token = match args.token_file.clone().or(file.token_file.clone()) {
+                Some(path) => {
+                    let token = std::fs::read_to_string(&path).with_context(|| format!("reading token file {}", path.display()))?;
+                    Some(token.trim().to_string())
+                }
+                None => None,
+            };
+            let pusher = Pusher::new(url, spool.clone(), agent, token.as_deref())?;
             (Some(Shipping { spool, labels }), Some(pusher))
         }
         None => (None, None),

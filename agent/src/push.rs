@@ -5,7 +5,11 @@ use std::{sync::Arc, time::Duration};
 
 use anyhow::{Context as _, Result};
 use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, PushRequest};
-use tonic::{transport::Endpoint, Code};
+use tonic::{
+    metadata::{Ascii, MetadataValue},
+    transport::Endpoint,
+    Code,
+};
 
 use crate::spool::Spool;
 
@@ -18,25 +22,33 @@ pub struct Pusher {
     client: CollectorClient<tonic::transport::Channel>,
     spool: Arc<Spool>,
     agent: AgentIdentity,
+    /// `Bearer <token>`, sent with every push when the collector requires one.
+    authorization: Option<MetadataValue<Ascii>>,
     backoff: Duration,
 }
 
 impl Pusher {
-    pub fn new(url: &str, spool: Arc<Spool>, agent: AgentIdentity) -> Result<Pusher> {
+    pub fn new(url: &str, spool: Arc<Spool>, agent: AgentIdentity, token: Option<&str>) -> Result<Pusher> {
+        let authorization = token
+            .map(|t| format!("Bearer {t}").parse().context("the token has characters not allowed in a header"))
+            .transpose()?;
         let endpoint = Endpoint::from_shared(url.to_string())
             .with_context(|| format!("invalid collector address {url:?} (expected e.g. http://collector:7070)"))?
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(30));
         // Lazy: the agent starts profiling even if the collector is down.
         let client = CollectorClient::new(endpoint.connect_lazy());
-        Ok(Pusher { client, spool, agent, backoff: MIN_BACKOFF })
+        Ok(Pusher { client, spool, agent, authorization, backoff: MIN_BACKOFF })
     }
 
     /// Pushes one batch. Ok(true): something was sent; Ok(false): the spool is empty.
     async fn push_batch(&mut self) -> Result<bool, tonic::Status> {
         let profiles = self.spool.oldest(BATCH).map_err(|e| tonic::Status::internal(format!("{e:#}")))?;
         let Some(last) = profiles.last().map(|p| p.sequence) else { return Ok(false) };
-        let request = PushRequest { agent: Some(self.agent.clone()), profiles };
+        let mut request = tonic::Request::new(PushRequest { agent: Some(self.agent.clone()), profiles });
+        if let Some(authorization) = &self.authorization {
+            request.metadata_mut().insert("authorization", authorization.clone());
+        }
         match self.client.push(request).await {
             Ok(response) => {
                 let stored = response.into_inner().stored_through;
@@ -62,7 +74,7 @@ impl Pusher {
             let wait = match self.push_batch().await {
                 Ok(true) => {
                     if failing {
-                        tracing::info!("collector reachable again: sending spooled profiles");
+                        tracing::info!("push works again: sending spooled profiles");
                         failing = false;
                     }
                     self.backoff = MIN_BACKOFF;
@@ -71,7 +83,8 @@ impl Pusher {
                 Ok(false) => IDLE_POLL,
                 Err(status) => {
                     if !failing {
-                        tracing::warn!("collector unreachable, spooling profiles: {}", status.message());
+                        // Unreachable, overloaded, or refusing this agent's token: retry, spooling.
+                        tracing::warn!(code = ?status.code(), "push failed, spooling profiles until it works: {}", status.message());
                         failing = true;
                     }
                     let wait = jitter(self.backoff);

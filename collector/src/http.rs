@@ -5,7 +5,8 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use anyhow::Result;
 use axum::{
-    extract::{Query, State},
+    extract::{Query, Request, State},
+    middleware::Next,
     http::{header, StatusCode},
     response::{IntoResponse, Response},
     routing::get,
@@ -14,7 +15,7 @@ use axum::{
 use ember_proto::pprof::Profile;
 use serde::Deserialize;
 
-use crate::{query, store::Store};
+use crate::{query, service::authorized, store::Store};
 
 #[derive(Deserialize)]
 struct Range {
@@ -49,12 +50,21 @@ fn default_format() -> String {
     "svg".into()
 }
 
-pub fn router(store: Arc<Store>) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
+pub fn router(store: Arc<Store>, token: Option<String>) -> Router {
+    let queries = Router::new()
         .route("/query", get(query_handler))
         .route("/diff", get(diff_handler))
-        .with_state(store)
+        .layer(axum::middleware::from_fn(move |request: Request, next: Next| {
+            let allowed = authorized(request.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes()), token.as_deref());
+            async move {
+                if allowed {
+                    next.run(request).await
+                } else {
+                    error(StatusCode::UNAUTHORIZED, "missing or wrong bearer token")
+                }
+            }
+        }));
+    Router::new().route("/healthz", get(|| async { "ok\n" })).merge(queries).with_state(store)
 }
 
 /// Errors are one line of text with a status a client can act on.
@@ -123,14 +133,28 @@ fn diff_lines(base: &[String], new: &[String]) -> Vec<String> {
         .collect()
 }
 
-pub async fn serve(listener: tokio::net::TcpListener, store: Arc<Store>, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<()> {
-    axum::serve(listener, router(store)).with_graceful_shutdown(shutdown).await?;
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    store: Arc<Store>,
+    token: Option<String>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    axum::serve(listener, router(store, token)).with_graceful_shutdown(shutdown).await?;
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bearer_tokens_must_match_exactly() {
+        assert!(authorized(None, None));
+        assert!(authorized(Some(b"Bearer s3cret"), Some("s3cret")));
+        assert!(!authorized(Some(b"Bearer s3cre"), Some("s3cret")));
+        assert!(!authorized(Some(b"Bearer s3creT"), Some("s3cret")));
+        assert!(!authorized(None, Some("s3cret")));
+    }
 
     #[test]
     fn diff_lines_pair_counts_of_both_ranges() {

@@ -43,6 +43,10 @@ enum Command {
         /// Keep at most this many MiB of profiles (oldest deleted first).
         #[arg(long, default_value_t = 10_240)]
         max_size_mib: u64,
+        /// Require `authorization: Bearer <token>` (token read from this file) on pushes and
+        /// queries. Health checks stay open for probes.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
     },
     /// List stored profiles: agent, sequence, kind, start (unix ns), size.
     List {
@@ -75,6 +79,7 @@ enum Command {
 }
 
 struct Serve {
+    token: Option<String>,
     listen: SocketAddr,
     http: SocketAddr,
     data_dir: PathBuf,
@@ -101,7 +106,7 @@ async fn serve(args: Serve) -> Result<()> {
         let _ = stop.send(true);
     });
     tokio::spawn(retention(store.clone(), args.retention, args.max_bytes, until_stopped()));
-    let http = tokio::spawn(http::serve(http, store.clone(), until_stopped()));
+    let http = tokio::spawn(http::serve(http, store.clone(), args.token.clone(), until_stopped()));
     // Standard gRPC health checking and reflection, for probes and tools such as grpcurl.
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<CollectorServer<service::CollectorService>>().await;
@@ -114,7 +119,14 @@ async fn serve(args: Serve) -> Result<()> {
     tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(CollectorServer::new(service::CollectorService { store }))
+        .add_service(CollectorServer::with_interceptor(service::CollectorService { store }, move |request: tonic::Request<()>| {
+            let header = request.metadata().get("authorization").map(|v| v.as_bytes());
+            if service::authorized(header, args.token.as_deref()) {
+                Ok(request)
+            } else {
+                Err(tonic::Status::unauthenticated("missing or wrong bearer token"))
+            }
+        }))
         .serve_with_shutdown(args.listen, until_stopped())
         .await
         .with_context(|| format!("serving gRPC on {}", args.listen))?;
@@ -159,6 +171,14 @@ fn run_query(data_dir: PathBuf, kind: String, selector: String, from: Option<u64
     Ok(())
 }
 
+/// A token file holds the token (surrounding whitespace ignored); an empty one is an error.
+fn read_token(path: &std::path::Path) -> Result<String> {
+    let token = std::fs::read_to_string(path).with_context(|| format!("reading token file {}", path.display()))?;
+    let token = token.trim().to_string();
+    anyhow::ensure!(!token.is_empty(), "token file {} is empty", path.display());
+    Ok(token)
+}
+
 fn list(data_dir: PathBuf) -> Result<()> {
     let store = store::Store::open(&data_dir)?;
     for stored in store.range(0, u64::MAX)? {
@@ -175,8 +195,16 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
-        Command::Serve { listen, http, data_dir, retention_hours, max_size_mib } => {
+        Command::Serve { listen, http, data_dir, retention_hours, max_size_mib, token_file } => {
+            let token = match token_file.map(|path| read_token(&path)).transpose() {
+                Ok(token) => token,
+                Err(error) => {
+                    eprintln!("error: {error:#}");
+                    return ExitCode::FAILURE;
+                }
+            };
             let args = Serve {
+                token,
                 listen,
                 http,
                 data_dir,

@@ -25,13 +25,14 @@ struct Collector(Child);
 
 impl Collector {
     fn start(address: SocketAddr, data: &Path) -> Collector {
-        Collector::start_with_http(address, free_address(), data)
+        Collector::start_with_http(address, free_address(), data, &[])
     }
 
-    fn start_with_http(address: SocketAddr, http: SocketAddr, data: &Path) -> Collector {
+    fn start_with_http(address: SocketAddr, http: SocketAddr, data: &Path, extra: &[&str]) -> Collector {
         let child = Command::new(collector_bin())
             .args(["serve", "--listen", &address.to_string(), "--http", &http.to_string()])
             .args(["--data-dir", data.to_str().unwrap()])
+            .args(extra)
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("starting ember-collector");
@@ -59,10 +60,15 @@ impl Drop for Collector {
 
 /// GET over plain HTTP/1.1 (loopback); returns (status, body).
 fn http_get(address: SocketAddr, path: &str) -> (u16, Vec<u8>) {
+    http_get_with(address, path, "")
+}
+
+/// GET with extra header lines (each ending in \r\n).
+fn http_get_with(address: SocketAddr, path: &str, headers: &str) -> (u16, Vec<u8>) {
     use std::io::{Read, Write};
     let mut stream = TcpStream::connect(address).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n").unwrap();
     let mut response = Vec::new();
     stream.read_to_end(&mut response).unwrap();
     let split = response.windows(4).position(|w| w == b"\r\n\r\n").expect("HTTP header end");
@@ -128,7 +134,7 @@ fn pushed_profiles_are_stored_and_query_returns_the_fixtures_totals() {
     let dir = TempDir::new("push");
     let (address, data, spool, local) = (free_address(), dir.path("data"), dir.path("spool"), dir.path("local"));
     let http = free_address();
-    let collector = Collector::start_with_http(address, http, &data);
+    let collector = Collector::start_with_http(address, http, &data, &[]);
     let mut fixture = Fixture::spawn(FIXTURE, "split", 2.0);
     let pid = fixture.pid().to_string();
     let agent = push_agent(address, &spool, &["--pid", &pid, "--output-dir", local.to_str().unwrap()]);
@@ -291,4 +297,52 @@ fn collector_answers_grpc_health_checks_and_reflection() {
     assert!(services.contains(&"ember.v1.Collector".to_string()), "{services:?}");
     assert!(services.contains(&"grpc.health.v1.Health".to_string()), "{services:?}");
     collector.stop();
+}
+
+#[test]
+fn a_collector_with_a_token_refuses_pushes_and_queries_without_it() {
+    require_root();
+    use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, PushRequest};
+
+    let dir = TempDir::new("token");
+    let (address, http, data, spool) = (free_address(), free_address(), dir.path("data"), dir.path("spool"));
+    let (token_file, wrong_file) = (dir.path("token"), dir.path("wrong"));
+    std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    std::fs::write(&wrong_file, "not-the-token\n").unwrap();
+    let collector = Collector::start_with_http(address, http, &data, &["--token-file", token_file.to_str().unwrap()]);
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let push = |authorization: Option<&str>| {
+        runtime.block_on(async {
+            let mut client = CollectorClient::connect(format!("http://{address}")).await.unwrap();
+            let agent = AgentIdentity { agent_id: "token-test".into(), ..Default::default() };
+            let mut request = tonic::Request::new(PushRequest { agent: Some(agent), profiles: vec![] });
+            if let Some(value) = authorization {
+                request.metadata_mut().insert("authorization", value.parse().unwrap());
+            }
+            client.push(request).await.map(|_| ()).map_err(|status| status.code())
+        })
+    };
+    assert_eq!(push(None), Err(tonic::Code::Unauthenticated));
+    assert_eq!(push(Some("Bearer not-the-token")), Err(tonic::Code::Unauthenticated));
+    assert_eq!(push(Some("Bearer s3cret-token")), Ok(()));
+
+    assert_eq!(http_get(http, "/healthz").0, 200, "probes need no token");
+    assert_eq!(http_get(http, "/query?kind=cpu").0, 401);
+    assert_eq!(http_get_with(http, "/query?kind=cpu", "Authorization: Bearer not-the-token\r\n").0, 401);
+    // With the token: nothing stored yet, so "not found" rather than "unauthorized".
+    assert_eq!(http_get_with(http, "/query?kind=cpu", "Authorization: Bearer s3cret-token\r\n").0, 404);
+
+    // An agent with the wrong token keeps its profiles; with the right one they arrive.
+    let agent = push_agent(address, &spool, &["--pid", "1", "--token-file", wrong_file.to_str().unwrap()]);
+    std::thread::sleep(Duration::from_secs(3));
+    stop(agent);
+    assert!(!spool_is_empty(&spool), "refused profiles must stay spooled");
+    let agent = push_agent(address, &spool, &["--pid", "1", "--token-file", token_file.to_str().unwrap()]);
+    std::thread::sleep(Duration::from_secs(2));
+    stop(agent);
+    assert!(spool_is_empty(&spool));
+    collector.stop();
+    let rows = stored(&data);
+    assert!(rows.len() >= 4 && rows.iter().all(|(agent, _)| agent == "test-agent"), "{rows:?}");
 }
