@@ -37,6 +37,9 @@ pub struct FileConfig {
     pub spool_max_mib: Option<u64>,
     pub agent_id: Option<String>,
     pub token_file: Option<PathBuf>,
+    /// Pull mode: gRPC address to serve profiles on, and how many to keep.
+    pub serve: Option<std::net::SocketAddr>,
+    pub keep: Option<usize>,
     /// Static labels on every pushed profile.
     pub labels: Option<std::collections::HashMap<String, String>>,
 }

@@ -19,6 +19,7 @@ use crate::{
     pipeline::{Pipeline, Shipping},
     profiles::ProfileKind,
     push::Pusher,
+    serve,
     resolve::ResolvedInterval,
     sampler::{Event, NetEvent, OffCpuOptions, SamplerOptions},
     spool::Spool,
@@ -55,6 +56,12 @@ pub struct RunArgs {
     /// File holding the bearer token the collector requires.
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// Pull mode: serve profiles to collectors on this gRPC address (e.g. 0.0.0.0:7072).
+    #[arg(long)]
+    serve: Option<std::net::SocketAddr>,
+    /// Pull mode: how many of the newest profiles to keep for collectors [default: 360].
+    #[arg(long)]
+    keep: Option<usize>,
     #[command(flatten)]
     sampling: SamplingArgs,
 }
@@ -179,9 +186,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
     };
     let every = parse_duration(args.interval.as_deref().or(file.interval.as_deref()).unwrap_or("10s"))?;
     let push = args.push.clone().or(file.push.clone());
-    // Pushing agents keep local files only when asked to.
+    let serve = args.serve.or(file.serve);
+    anyhow::ensure!(
+        push.is_none() || serve.is_none(),
+        "choose push (--push) or pull (--serve), not both: a pusher deletes what pullers still need"
+    );
+    // Agents that ship profiles keep local files only when asked to.
     let dir = args.output_dir.clone().or(file.output_dir.clone());
-    let dir = if push.is_none() { Some(dir.unwrap_or_else(crate::default_output_dir)) } else { dir };
+    let dir = if push.is_none() && serve.is_none() { Some(dir.unwrap_or_else(crate::default_output_dir)) } else { dir };
     let flamegraphs = args.flamegraphs || file.flamegraphs.unwrap_or(false);
     let options = sampler_options(&args.sampling, &file, config::DEFAULT_DAEMON_FREQUENCY)?;
     crate::preflight::check()?;
@@ -189,39 +201,54 @@ pub async fn run(args: RunArgs) -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating output directory {}", dir.display()))?;
     }
     let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
-    let (shipping, pusher) = match &push {
-        Some(url) => {
-            let spool_dir = args.spool_dir.clone().or(file.spool_dir.clone()).unwrap_or_else(|| PathBuf::from("ember-spool"));
-            let max_mib = args.spool_max_mib.or(file.spool_max_mib).unwrap_or(256);
-            let spool = Arc::new(Spool::open(&spool_dir, max_mib << 20)?);
-            let agent = AgentIdentity {
-                agent_id: args.agent_id.clone().or(file.agent_id.clone()).unwrap_or_else(|| hostname.clone()),
-                hostname: hostname.clone(),
-                version: env!("CARGO_PKG_VERSION").to_string(),
-            };
-            let mut labels = file.labels.clone().unwrap_or_default();
-            labels.entry("host".into()).or_insert_with(|| hostname.clone());
-            let token = match args.token_file.clone().or(file.token_file.clone()) {
-                Some(path) => {
-                    let token = std::fs::read_to_string(&path).with_context(|| format!("reading token file {}", path.display()))?;
-                    Some(token.trim().to_string())
-                }
-                None => None,
-            };
-            let pusher = Pusher::new(url, spool.clone(), agent, token.as_deref())?;
-            (Some(Shipping { spool, labels }), Some(pusher))
+    let (stop_shipping, shipping_stopped) = tokio::sync::watch::channel(false);
+    let until_stopped = move || {
+        let mut stopped = shipping_stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
         }
-        None => (None, None),
     };
-    let (stop_pushing, pushing_stopped) = tokio::sync::oneshot::channel::<()>();
-    let pusher = pusher.map(|p| tokio::spawn(p.run(async { let _ = pushing_stopped.await; })));
+    let mut shipping = None;
+    let mut shipper = None;
+    if push.is_some() || serve.is_some() {
+        let spool_dir = args.spool_dir.clone().or(file.spool_dir.clone()).unwrap_or_else(|| PathBuf::from("ember-spool"));
+        let max_mib = args.spool_max_mib.or(file.spool_max_mib).unwrap_or(256);
+        let keep = if serve.is_some() { args.keep.or(file.keep).unwrap_or(360) } else { usize::MAX };
+        let spool = Arc::new(Spool::open(&spool_dir, max_mib << 20, keep)?);
+        let agent = AgentIdentity {
+            agent_id: args.agent_id.clone().or(file.agent_id.clone()).unwrap_or_else(|| hostname.clone()),
+            hostname: hostname.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        let mut labels = file.labels.clone().unwrap_or_default();
+        labels.entry("host".into()).or_insert_with(|| hostname.clone());
+        shipper = Some(match (&push, serve) {
+            (Some(url), _) => {
+                let token = match args.token_file.clone().or(file.token_file.clone()) {
+                    Some(path) => {
+                        let token = std::fs::read_to_string(&path).with_context(|| format!("reading token file {}", path.display()))?;
+                        Some(token.trim().to_string())
+                    }
+                    None => None,
+                };
+                let pusher = Pusher::new(url, spool.clone(), agent, token.as_deref())?;
+                tokio::spawn(async move {
+                    pusher.run(until_stopped()).await;
+                    Ok(())
+                })
+            }
+            (None, Some(address)) => tokio::spawn(serve::serve(address, spool.clone(), agent, until_stopped())),
+            (None, None) => unreachable!("checked above"),
+        });
+        shipping = Some(Shipping { spool, labels });
+    }
 
     let mut collector = Collector::start(&options)?;
     let pipeline = Pipeline::spawn(options.event.name(), options.frequency, shipping);
     let kinds = profile_kinds(&options);
     let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
     tracing::info!(
-        frequency = options.frequency, event = options.event.name(), interval = ?every, dir = ?dir, push = ?push,
+        frequency = options.frequency, event = options.event.name(), interval = ?every, dir = ?dir, push = ?push, serve = ?serve,
         profiles = ?names, "profiling every CPU"
     );
     let mut ticks = interval_at(Instant::now() + every, every);
@@ -250,9 +277,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
     drop(collector);
     // The last interval reaches the spool before the pusher's final attempt.
     pipeline.finish();
-    if let Some(pusher) = pusher {
-        let _ = stop_pushing.send(());
-        let _ = pusher.await;
+    if let Some(shipper) = shipper {
+        let _ = stop_shipping.send(true);
+        shipper.await.context("shipping task failed")??;
     }
     Ok(())
 }

@@ -15,6 +15,7 @@ mod profiles;
 mod record;
 mod resolve;
 mod sampler;
+mod serve;
 mod spool;
 mod symbolize;
 mod tracefs;

@@ -20,6 +20,8 @@ const EXTENSION: &str = "profile";
 pub struct Spool {
     dir: PathBuf,
     max_bytes: u64,
+    /// Pull mode: keep only the newest this many (collectors fetch, nobody deletes).
+    max_count: usize,
     state: Mutex<State>,
 }
 
@@ -30,14 +32,14 @@ struct State {
 }
 
 impl Spool {
-    pub fn open(dir: &Path, max_bytes: u64) -> Result<Spool> {
+    pub fn open(dir: &Path, max_bytes: u64, max_count: usize) -> Result<Spool> {
         fs::create_dir_all(dir).with_context(|| format!("creating spool directory {}", dir.display()))?;
         let stored = fs::read_to_string(dir.join(NEXT_SEQUENCE)).ok().and_then(|s| s.trim().parse().ok());
         // The counter file is written before any profile file, so it is never behind; the
         // scan only matters if it was lost.
         let highest = Self::files(dir)?.last().map(|(seq, _)| *seq).unwrap_or(0);
         let next_sequence = stored.unwrap_or(1).max(highest + 1);
-        Ok(Spool { dir: dir.to_path_buf(), max_bytes, state: Mutex::new(State { next_sequence, dropped: 0 }) })
+        Ok(Spool { dir: dir.to_path_buf(), max_bytes, max_count, state: Mutex::new(State { next_sequence, dropped: 0 }) })
     }
 
     /// Spooled files, oldest first.
@@ -65,7 +67,7 @@ impl Spool {
         write_atomic(&path, &profile.encode_to_vec())?;
         let mut files = Self::files(&self.dir)?;
         let mut total: u64 = files.iter().filter_map(|(_, p)| fs::metadata(p).ok()).map(|m| m.len()).sum();
-        while total > self.max_bytes && files.len() > 1 {
+        while (total > self.max_bytes || files.len() > self.max_count) && files.len() > 1 {
             let (seq, oldest) = files.remove(0);
             total -= fs::metadata(&oldest).map(|m| m.len()).unwrap_or(0);
             fs::remove_file(&oldest).with_context(|| format!("dropping {}", oldest.display()))?;
@@ -77,9 +79,15 @@ impl Spool {
 
     /// Up to `limit` spooled profiles, oldest first.
     pub fn oldest(&self, limit: usize) -> Result<Vec<Profile>> {
+        self.after(0, limit)
+    }
+
+    /// Up to `limit` spooled profiles numbered after `sequence`, oldest first.
+    pub fn after(&self, sequence: u64, limit: usize) -> Result<Vec<Profile>> {
         let _state = self.state.lock().expect("spool lock");
         Self::files(&self.dir)?
             .into_iter()
+            .filter(|(seq, _)| *seq > sequence)
             .take(limit)
             .map(|(_, path)| {
                 let bytes = fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -112,18 +120,23 @@ mod tests {
     fn sequences_survive_restart_and_full_spools_drop_the_oldest() {
         let dir = std::env::temp_dir().join(format!("ember-spool-test-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
-        let spool = Spool::open(&dir, 10_000).unwrap();
+        let spool = Spool::open(&dir, 10_000, usize::MAX).unwrap();
         assert_eq!(spool.append(profile(100)).unwrap(), 1);
         assert_eq!(spool.append(profile(100)).unwrap(), 2);
         spool.remove_through(2).unwrap();
         // Reopened empty: numbering goes on, so the collector cannot mistake new for old.
-        let spool = Spool::open(&dir, 10_000).unwrap();
+        let spool = Spool::open(&dir, 10_000, usize::MAX).unwrap();
         assert_eq!(spool.append(profile(4_000)).unwrap(), 3);
         assert_eq!(spool.append(profile(4_000)).unwrap(), 4);
         assert_eq!(spool.append(profile(4_000)).unwrap(), 5);
         let left: Vec<u64> = spool.oldest(10).unwrap().iter().map(|p| p.sequence).collect();
         assert_eq!(left, [4, 5], "the oldest is dropped when the spool is over 10 kB");
         assert_eq!(spool.state.lock().unwrap().dropped, 1);
+        // Pull mode keeps the newest N.
+        let spool = Spool::open(&dir, u64::MAX, 2).unwrap();
+        spool.append(profile(10)).unwrap();
+        let left: Vec<u64> = spool.after(4, 10).unwrap().iter().map(|p| p.sequence).collect();
+        assert_eq!(left, [5, 6]);
         fs::remove_dir_all(&dir).unwrap();
     }
 }

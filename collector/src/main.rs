@@ -1,6 +1,7 @@
 //! ember-collector: receives profiles pushed by agents over gRPC, keeps them in an embedded
 //! store under a data directory, and answers queries.
 mod http;
+mod pull;
 mod query;
 mod service;
 mod store;
@@ -47,6 +48,9 @@ enum Command {
         /// queries. Health checks stay open for probes.
         #[arg(long)]
         token_file: Option<PathBuf>,
+        /// Pull from this agent (gRPC URL, e.g. http://node-1:7072); repeat for several.
+        #[arg(long)]
+        pull: Vec<String>,
     },
     /// List stored profiles: agent, sequence, kind, start (unix ns), size.
     List {
@@ -80,6 +84,7 @@ enum Command {
 
 struct Serve {
     token: Option<String>,
+    pull: Vec<String>,
     listen: SocketAddr,
     http: SocketAddr,
     data_dir: PathBuf,
@@ -106,6 +111,9 @@ async fn serve(args: Serve) -> Result<()> {
         let _ = stop.send(true);
     });
     tokio::spawn(retention(store.clone(), args.retention, args.max_bytes, until_stopped()));
+    for url in args.pull.clone() {
+        tokio::spawn(pull::pull_forever(url, store.clone(), until_stopped()));
+    }
     let http = tokio::spawn(http::serve(http, store.clone(), args.token.clone(), until_stopped()));
     // Standard gRPC health checking and reflection, for probes and tools such as grpcurl.
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -195,7 +203,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
-        Command::Serve { listen, http, data_dir, retention_hours, max_size_mib, token_file } => {
+        Command::Serve { listen, http, data_dir, retention_hours, max_size_mib, token_file, pull } => {
             let token = match token_file.map(|path| read_token(&path)).transpose() {
                 Ok(token) => token,
                 Err(error) => {
@@ -205,6 +213,7 @@ fn main() -> ExitCode {
             };
             let args = Serve {
                 token,
+                pull,
                 listen,
                 http,
                 data_dir,

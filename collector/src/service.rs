@@ -27,7 +27,7 @@ pub fn authorized(header: Option<&[u8]>, token: Option<&str>) -> bool {
     given.len() == expected.len() && given.iter().zip(expected.as_bytes()).fold(0u8, |diff, (a, b)| diff | (a ^ b)) == 0
 }
 
-fn check(profile: &Profile, now_ns: i64) -> Result<(), String> {
+pub fn check(profile: &Profile, now_ns: i64) -> Result<(), String> {
     if !KINDS.contains(&profile.kind.as_str()) {
         return Err(format!("unknown profile kind {:?} (known: {})", profile.kind, KINDS.join(", ")));
     }
@@ -55,7 +55,7 @@ impl Collector for CollectorService {
         if agent.agent_id.is_empty() {
             return Err(Status::invalid_argument("push with an empty agent_id"));
         }
-        let now_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as i64;
+        let now_ns = now_ns();
         for profile in &request.profiles {
             if let Err(why) = check(profile, now_ns) {
                 tracing::warn!(agent = agent.agent_id, sequence = profile.sequence, "refused a profile: {why}");
@@ -69,4 +69,8 @@ impl Collector for CollectorService {
             .map_err(|e| Status::unavailable(format!("storing failed: {e:#}")))?;
         Ok(Response::new(PushResponse { stored_through: stored.stored_through, duplicates: stored.duplicates }))
     }
+}
+
+pub fn now_ns() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as i64
 }

@@ -108,6 +108,13 @@ impl Store {
         Ok(deleted)
     }
 
+    /// Highest sequence N such that the agent's profiles 1..=N are all stored.
+    pub fn stored_through(&self, agent_id: &str) -> Result<u64> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(CONTIGUOUS)?;
+        Ok(table.get(agent_id)?.map(|v| v.value()).unwrap_or(0))
+    }
+
     /// Profiles whose start lies in [from, to), in time order.
     pub fn range(&self, from: u64, to: u64) -> Result<Vec<StoredProfile>> {
         let txn = self.db.begin_read()?;
