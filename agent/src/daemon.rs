@@ -56,6 +56,21 @@ pub struct RunArgs {
     /// File holding the bearer token the collector requires.
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// TLS: the CA (PEM) that signed the collector's certificate (with an https:// --push).
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// Mutual TLS: this agent's certificate (PEM) ...
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// ... and its private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// TLS: the name to expect in the collector's certificate [default: the URL's host].
+    #[arg(long)]
+    tls_domain: Option<String>,
+    /// Push plaintext (http://) to a collector that is not on this host.
+    #[arg(long)]
+    plaintext: bool,
     /// Pull mode: serve profiles to collectors on this gRPC address (e.g. 0.0.0.0:7072).
     #[arg(long)]
     serve: Option<std::net::SocketAddr>,
@@ -148,6 +163,29 @@ pub fn profile_kinds(options: &SamplerOptions) -> Vec<ProfileKind> {
         .collect()
 }
 
+/// TLS for pushing to an https:// collector; plaintext only to this host or when asked for.
+fn client_tls(args: &RunArgs, url: &str) -> Result<Option<tonic::transport::ClientTlsConfig>> {
+    let read = |path: &PathBuf| std::fs::read(path).with_context(|| format!("reading {}", path.display()));
+    if url.starts_with("https://") {
+        let ca = args.tls_ca.as_ref().context("pushing over https:// needs --tls-ca (the CA that signed the collector)")?;
+        let mut tls = tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(read(ca)?));
+        if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+            tls = tls.identity(tonic::transport::Identity::from_pem(read(cert)?, read(key)?));
+        }
+        if let Some(domain) = &args.tls_domain {
+            tls = tls.domain_name(domain.clone());
+        }
+        return Ok(Some(tls));
+    }
+    let host = url.trim_start_matches("http://").split([':', '/']).next().unwrap_or_default();
+    let local = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    anyhow::ensure!(
+        local || args.plaintext,
+        "refusing to push plaintext to {url}: use https:// with --tls-ca, or --plaintext to accept it"
+    );
+    Ok(None)
+}
+
 /// Resolves on the first SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
     let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
@@ -231,7 +269,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     }
                     None => None,
                 };
-                let pusher = Pusher::new(url, spool.clone(), agent, token.as_deref())?;
+                let pusher = Pusher::new(url, spool.clone(), agent, token.as_deref(), client_tls(&args, url)?)?;
                 tokio::spawn(async move {
                     pusher.run(until_stopped()).await;
                     Ok(())

@@ -7,7 +7,7 @@ use anyhow::{Context as _, Result};
 use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, PushRequest};
 use tonic::{
     metadata::{Ascii, MetadataValue},
-    transport::Endpoint,
+    transport::{ClientTlsConfig, Endpoint},
     Code,
 };
 
@@ -28,14 +28,17 @@ pub struct Pusher {
 }
 
 impl Pusher {
-    pub fn new(url: &str, spool: Arc<Spool>, agent: AgentIdentity, token: Option<&str>) -> Result<Pusher> {
+    pub fn new(url: &str, spool: Arc<Spool>, agent: AgentIdentity, token: Option<&str>, tls: Option<ClientTlsConfig>) -> Result<Pusher> {
         let authorization = token
             .map(|t| format!("Bearer {t}").parse().context("the token has characters not allowed in a header"))
             .transpose()?;
-        let endpoint = Endpoint::from_shared(url.to_string())
-            .with_context(|| format!("invalid collector address {url:?} (expected e.g. http://collector:7070)"))?
+        let mut endpoint = Endpoint::from_shared(url.to_string())
+            .with_context(|| format!("invalid collector address {url:?} (expected e.g. https://collector:7070)"))?
             .connect_timeout(Duration::from_secs(5))
             .timeout(Duration::from_secs(30));
+        if let Some(tls) = tls {
+            endpoint = endpoint.tls_config(tls).context("configuring TLS")?;
+        }
         // Lazy: the agent starts profiling even if the collector is down.
         let client = CollectorClient::new(endpoint.connect_lazy());
         Ok(Pusher { client, spool, agent, authorization, backoff: MIN_BACKOFF })

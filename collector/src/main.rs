@@ -51,6 +51,18 @@ enum Command {
         /// Pull from this agent (gRPC URL, e.g. http://node-1:7072); repeat for several.
         #[arg(long)]
         pull: Vec<String>,
+        /// Serve gRPC over TLS with this certificate (PEM) ...
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// ... and its private key (PEM).
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// Mutual TLS: accept only agents whose certificate this CA (PEM) signed.
+        #[arg(long, requires = "tls_cert")]
+        tls_client_ca: Option<PathBuf>,
+        /// Accept plaintext gRPC on a non-loopback address (without TLS it is refused).
+        #[arg(long)]
+        plaintext: bool,
     },
     /// List stored profiles: agent, sequence, kind, start (unix ns), size.
     List {
@@ -85,6 +97,7 @@ enum Command {
 struct Serve {
     token: Option<String>,
     pull: Vec<String>,
+    tls: Option<tonic::transport::ServerTlsConfig>,
     listen: SocketAddr,
     http: SocketAddr,
     data_dir: PathBuf,
@@ -124,7 +137,11 @@ async fn serve(args: Serve) -> Result<()> {
         .build_v1()
         .context("building the gRPC reflection service")?;
     tracing::info!(grpc = %args.listen, http = %args.http, data_dir = %args.data_dir.display(), "collector listening");
-    tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = args.tls.clone() {
+        server = server.tls_config(tls).context("configuring TLS")?;
+    }
+    server
         .add_service(health_service)
         .add_service(reflection)
         .add_service(CollectorServer::with_interceptor(service::CollectorService { store }, move |request: tonic::Request<()>| {
@@ -179,6 +196,17 @@ fn run_query(data_dir: PathBuf, kind: String, selector: String, from: Option<u64
     Ok(())
 }
 
+/// TLS identity of the gRPC server; with a client CA, agents must present a certificate it
+/// signed (mutual TLS).
+fn server_tls(cert: &std::path::Path, key: &std::path::Path, client_ca: Option<&std::path::Path>) -> Result<tonic::transport::ServerTlsConfig> {
+    let read = |path: &std::path::Path| std::fs::read(path).with_context(|| format!("reading {}", path.display()));
+    let mut tls = tonic::transport::ServerTlsConfig::new().identity(tonic::transport::Identity::from_pem(read(cert)?, read(key)?));
+    if let Some(ca) = client_ca {
+        tls = tls.client_ca_root(tonic::transport::Certificate::from_pem(read(ca)?));
+    }
+    Ok(tls)
+}
+
 /// A token file holds the token (surrounding whitespace ignored); an empty one is an error.
 fn read_token(path: &std::path::Path) -> Result<String> {
     let token = std::fs::read_to_string(path).with_context(|| format!("reading token file {}", path.display()))?;
@@ -203,9 +231,23 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match Cli::parse().command {
-        Command::Serve { listen, http, data_dir, retention_hours, max_size_mib, token_file, pull } => {
-            let token = match token_file.map(|path| read_token(&path)).transpose() {
-                Ok(token) => token,
+        Command::Serve {
+            listen, http, data_dir, retention_hours, max_size_mib, token_file, pull, tls_cert, tls_key, tls_client_ca, plaintext,
+        } => {
+            let setup = || -> Result<_> {
+                let token = token_file.map(|path| read_token(&path)).transpose()?;
+                let tls = match (tls_cert, tls_key) {
+                    (Some(cert), Some(key)) => Some(server_tls(&cert, &key, tls_client_ca.as_deref())?),
+                    _ => None,
+                };
+                anyhow::ensure!(
+                    tls.is_some() || plaintext || listen.ip().is_loopback(),
+                    "refusing plaintext gRPC on {listen}: give --tls-cert and --tls-key, or --plaintext to accept it"
+                );
+                Ok((token, tls))
+            };
+            let (token, tls) = match setup() {
+                Ok(found) => found,
                 Err(error) => {
                     eprintln!("error: {error:#}");
                     return ExitCode::FAILURE;
@@ -214,6 +256,7 @@ fn main() -> ExitCode {
             let args = Serve {
                 token,
                 pull,
+                tls,
                 listen,
                 http,
                 data_dir,

@@ -376,3 +376,100 @@ fn a_collector_pulls_from_an_agent_and_resumes_without_gaps_after_a_restart() {
     // stopped pulling.
     assert!(last + 2 >= made && last >= 8, "pulled {last} of {made} profiles");
 }
+
+/// A CA and a certificate it signed for localhost/127.0.0.1 (server and client use), made
+/// with openssl: (ca.pem, cert.pem, key.pem).
+fn make_pki(dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let path = |file: &str| dir.join(format!("{name}-{file}"));
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).output().expect("running openssl");
+        assert!(out.status.success(), "openssl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    };
+    let s = |p: &std::path::PathBuf| p.to_str().unwrap().to_string();
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    openssl(&[&["req", "-x509"][..], &ec, &["-keyout", &s(&path("ca.key")), "-out", &s(&path("ca.pem")), "-days", "1", "-subj", &format!("/CN=ember-test-{name}-ca"), "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]].concat());
+    std::fs::write(path("ext.cnf"), "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n").unwrap();
+    openssl(&[&["req"][..], &ec, &["-keyout", &s(&path("key.pem")), "-out", &s(&path("csr.pem")), "-subj", "/CN=localhost"]].concat());
+    openssl(&[
+        "x509", "-req", "-in", &s(&path("csr.pem")), "-CA", &s(&path("ca.pem")), "-CAkey", &s(&path("ca.key")),
+        "-CAcreateserial", "-out", &s(&path("cert.pem")), "-days", "1", "-extfile", &s(&path("ext.cnf")),
+    ]);
+    (path("ca.pem"), path("cert.pem"), path("key.pem"))
+}
+
+#[test]
+fn tls_and_mutual_tls_accept_the_right_certificates_and_refuse_the_wrong_ones() {
+    require_root();
+    use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, PushRequest};
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+    let dir = TempDir::new("tls");
+    let (ca, cert, key) = make_pki(&dir.0, "good");
+    let (other_ca, other_cert, other_key) = make_pki(&dir.0, "other");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let push = |address: SocketAddr, ca: &Path, identity: Option<(&Path, &Path)>| {
+        runtime.block_on(async {
+            let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(std::fs::read(ca).unwrap())).domain_name("localhost");
+            if let Some((cert, key)) = identity {
+                tls = tls.identity(Identity::from_pem(std::fs::read(cert).unwrap(), std::fs::read(key).unwrap()));
+            }
+            let endpoint = Endpoint::from_shared(format!("https://localhost:{}", address.port())).unwrap().tls_config(tls).unwrap();
+            let channel = endpoint.connect().await.map_err(|e| e.to_string())?;
+            let agent = AgentIdentity { agent_id: "tls-test".into(), ..Default::default() };
+            CollectorClient::new(channel).push(PushRequest { agent: Some(agent), profiles: vec![] }).await.map(|_| ()).map_err(|s| s.to_string())
+        })
+    };
+    let tls_args = |mutual: bool| {
+        let mut args = vec!["--tls-cert".to_string(), cert.display().to_string(), "--tls-key".into(), key.display().to_string()];
+        if mutual {
+            args.extend(["--tls-client-ca".into(), ca.display().to_string()]);
+        }
+        args
+    };
+
+    // Server TLS: the right CA verifies the collector; another CA does not.
+    let address = free_address();
+    let args = tls_args(false);
+    let collector = Collector::start_with_http(address, free_address(), &dir.path("data1"), &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(push(address, &ca, None), Ok(()));
+    assert!(push(address, &other_ca, None).is_err(), "a collector certificate from an unknown CA was accepted");
+    collector.stop();
+
+    // Mutual TLS: only agents with a certificate from the client CA get in.
+    let address = free_address();
+    let args = tls_args(true);
+    let collector = Collector::start_with_http(address, free_address(), &dir.path("data2"), &args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(push(address, &ca, Some((&cert, &key))), Ok(()));
+    assert!(push(address, &ca, None).is_err(), "an agent without a certificate was accepted");
+    assert!(push(address, &ca, Some((&other_cert, &other_key))).is_err(), "an agent certificate from another CA was accepted");
+
+    // The real agent pushes over mutual TLS.
+    let spool = dir.path("spool");
+    let url = format!("https://localhost:{}", address.port());
+    let agent_args = [
+        "run", "-F", "99", "--interval", "1s", "--push", &url, "--agent-id", "tls-agent", "--pid", "1", "--spool-dir",
+        spool.to_str().unwrap(), "--tls-ca", ca.to_str().unwrap(), "--tls-cert", cert.to_str().unwrap(), "--tls-key",
+        key.to_str().unwrap(),
+    ];
+    let mut agent = Agent::spawn(&agent_args);
+    agent.wait_ready();
+    std::thread::sleep(Duration::from_secs(3));
+    stop(agent);
+    assert!(spool_is_empty(&spool), "the agent could not push over mutual TLS");
+    collector.stop();
+    assert!(stored(&dir.path("data2")).iter().filter(|(agent, _)| agent == "tls-agent").count() >= 3);
+}
+
+#[test]
+fn plaintext_off_this_host_must_be_asked_for() {
+    let agent = Command::new(ember_tests::agent_bin())
+        .args(["run", "--push", "http://collector.invalid:7070", "--pid", "1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&agent.stderr);
+    assert!(!agent.status.success() && stderr.contains("refusing to push plaintext"), "{stderr}");
+    let collector = Command::new(collector_bin()).args(["serve", "--listen", "0.0.0.0:0"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&collector.stderr);
+    assert!(!collector.status.success() && stderr.contains("refusing plaintext gRPC"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}

@@ -201,6 +201,10 @@ fn main() {
             let bytes: u64 = rest[1].parse().expect("byte count");
             send_all(stream.as_raw_fd(), bytes);
             drop(stream);
+            // Stay a moment: the agent reads a process's mappings when it is first seen (here,
+            // at its first packet), and on a loaded machine a sender that exits within a few
+            // ms of that could be gone first. Attribution, not that race, is under test here.
+            std::thread::sleep(Duration::from_millis(500));
             println!("{} {bytes}", gettid());
         }
         "udp-closed" => {
