@@ -147,15 +147,15 @@ fn write_profile(
         written.files.push(path.display().to_string());
     }
     if outputs.folded.is_some() || outputs.flamegraph.is_some() {
-        let folded = ember_pprof::folded(&profile, kind.flame_value(), kind.root_labels());
+        let view = ember_pprof::view(kind.name());
+        let folded = view.folded(&profile);
         if let Some(path) = &outputs.folded {
             write_atomic(path, (folded.join("\n") + "\n").as_bytes())?;
             written.files.push(path.display().to_string());
         }
         if let Some(path) = &outputs.flamegraph {
             let title = format!("Ember {} profile", kind.name());
-            let (_, unit) = kind.sample_types()[kind.flame_value()];
-            write_atomic(path, &ember_pprof::flamegraph(&folded, &title, unit)?)?;
+            write_atomic(path, &ember_pprof::flamegraph(&folded, &title, view.unit(&profile))?)?;
             written.files.push(path.display().to_string());
         }
     }

@@ -86,26 +86,6 @@ impl ProfileKind {
         }
     }
 
-    /// Index of the value that folded stacks and flame graphs weigh by.
-    pub fn flame_value(self) -> usize {
-        match self {
-            ProfileKind::OffCpu | ProfileKind::NetTx | ProfileKind::NetRx => 1,
-            _ => 0,
-        }
-    }
-
-    /// Labels shown as the first frames of folded stacks, below the root.
-    pub fn root_labels(self) -> &'static [&'static str] {
-        match self {
-            ProfileKind::Cpu => &["comm"],
-            ProfileKind::OffCpu | ProfileKind::Wall => &["comm", "state"],
-            ProfileKind::NetTx => &["comm", "device"],
-            ProfileKind::NetRx => &["ran_on_comm", "device"],
-            ProfileKind::NetRetransmit => &["ran_on_comm"],
-            ProfileKind::NetDrop => &["reason", "ran_on_comm"],
-        }
-    }
-
     pub fn comment(self) -> Option<&'static str> {
         match self {
             ProfileKind::Cpu | ProfileKind::OffCpu | ProfileKind::Wall => None,

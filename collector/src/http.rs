@@ -83,20 +83,17 @@ async fn merged(store: Arc<Store>, kind: String, selector: String, from: u64, to
 const NS: u64 = 1_000_000_000;
 
 async fn query_handler(State(store): State<Arc<Store>>, Query(q): Query<Range>) -> Response {
+    if !query::FORMATS.contains(&q.format.as_str()) {
+        return error(StatusCode::BAD_REQUEST, format!("unknown format {:?}: use pprof, folded or svg", q.format));
+    }
     let (from, to) = (q.from.unwrap_or(0).saturating_mul(NS), q.to.map_or(u64::MAX, |t| t.saturating_mul(NS)));
     let (profile, _) = match merged(store, q.kind.clone(), q.selector, from, to).await {
         Ok(found) => found,
         Err(response) => return response,
     };
-    let folded = || ember_pprof::folded(&profile, 0, &["comm"]);
-    match q.format.as_str() {
-        "pprof" => ([(header::CONTENT_TYPE, "application/octet-stream")], ember_pprof::encode_gzip(&profile)).into_response(),
-        "folded" => ([(header::CONTENT_TYPE, "text/plain")], folded().join("\n") + "\n").into_response(),
-        "svg" => match ember_pprof::flamegraph(&folded(), &format!("Ember {}", q.kind), "samples") {
-            Ok(svg) => ([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response(),
-            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
-        },
-        other => error(StatusCode::BAD_REQUEST, format!("unknown format {other:?}: use pprof, folded or svg")),
+    match query::render(&profile, &q.kind, &q.format) {
+        Ok(bytes) => ([(header::CONTENT_TYPE, query::content_type(&q.format))], bytes).into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
     }
 }
 
@@ -109,8 +106,9 @@ async fn diff_handler(State(store): State<Arc<Store>>, Query(q): Query<DiffRange
         (Ok((base, _)), Ok((new, _))) => (base, new),
         (Err(response), _) | (_, Err(response)) => return response,
     };
-    let lines = diff_lines(&ember_pprof::folded(&base, 0, &["comm"]), &ember_pprof::folded(&new, 0, &["comm"]));
-    match ember_pprof::flamegraph(&lines, &format!("Ember {} diff", q.kind), "samples") {
+    let view = ember_pprof::view(&q.kind);
+    let lines = diff_lines(&view.folded(&base), &view.folded(&new));
+    match ember_pprof::flamegraph(&lines, &format!("Ember {} diff", q.kind), view.unit(&new)) {
         Ok(svg) => ([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response(),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
     }

@@ -186,11 +186,7 @@ fn run_query(data_dir: PathBuf, kind: String, selector: String, from: Option<u64
     let now = std::time::SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() + 1;
     let nanos = |s: u64| s.saturating_mul(1_000_000_000);
     let (profile, count) = query::merged(&store, &kind, &selector, nanos(from.unwrap_or(0)), nanos(to.unwrap_or(now)))?;
-    let bytes = match format.as_str() {
-        "pprof" => ember_pprof::encode_gzip(&profile),
-        "folded" => (ember_pprof::folded(&profile, 0, &["comm"]).join("\n") + "\n").into_bytes(),
-        _ => ember_pprof::flamegraph(&ember_pprof::folded(&profile, 0, &["comm"]), &format!("Ember {kind}"), "samples")?,
-    };
+    let bytes = query::render(&profile, &kind, &format)?;
     std::fs::write(&output, bytes).with_context(|| format!("writing {}", output.display()))?;
     eprintln!("merged {count} {kind} profiles into {}", output.display());
     Ok(())

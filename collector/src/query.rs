@@ -40,3 +40,24 @@ pub fn merged(store: &Store, kind: &str, selector: &BTreeMap<String, String>, fr
     let count = profiles.len();
     Ok((ember_pprof::merge(&profiles)?, count))
 }
+
+pub const FORMATS: [&str; 3] = ["pprof", "folded", "svg"];
+
+/// A merged profile in one of `FORMATS`, viewed the way its kind is (see ember_pprof::view).
+pub fn render(profile: &Profile, kind: &str, format: &str) -> Result<Vec<u8>> {
+    let view = ember_pprof::view(kind);
+    match format {
+        "pprof" => Ok(ember_pprof::encode_gzip(profile)),
+        "folded" => Ok((view.folded(profile).join("\n") + "\n").into_bytes()),
+        "svg" => ember_pprof::flamegraph(&view.folded(profile), &format!("Ember {kind}"), view.unit(profile)),
+        other => bail!("unknown format {other:?}: use pprof, folded or svg"),
+    }
+}
+
+pub fn content_type(format: &str) -> &'static str {
+    match format {
+        "folded" => "text/plain",
+        "svg" => "image/svg+xml",
+        _ => "application/octet-stream",
+    }
+}

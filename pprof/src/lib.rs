@@ -7,4 +7,4 @@ mod views;
 pub use codec::{decode_gzip, encode_gzip};
 pub use merge::merge;
 pub use strings::StringIndex;
-pub use views::{flamegraph, folded, KERNEL_MAPPING};
+pub use views::{flamegraph, folded, view, View, KERNEL_MAPPING};

@@ -5,6 +5,40 @@ use std::collections::{BTreeMap, HashMap};
 use anyhow::{Context as _, Result};
 use ember_proto::pprof::Profile;
 
+/// How one kind of profile is viewed: the sample value that weighs its stacks, and the labels
+/// shown as its root frames. The agent's local views and the collector's queries share it.
+pub struct View {
+    pub value: usize,
+    pub roots: &'static [&'static str],
+}
+
+/// The view of a profile kind ("cpu", "offcpu", "wall", "net-tx", ...).
+pub fn view(kind: &str) -> View {
+    match kind {
+        // Off-CPU and network stacks weigh by nanoseconds and bytes, not by event counts.
+        "offcpu" => View { value: 1, roots: &["comm", "state"] },
+        "wall" => View { value: 0, roots: &["comm", "state"] },
+        "net-tx" => View { value: 1, roots: &["comm", "device"] },
+        // Receive, retransmit and drop events name the task they ran on, not an owner.
+        "net-rx" => View { value: 1, roots: &["ran_on_comm", "device"] },
+        "net-retransmit" => View { value: 0, roots: &["ran_on_comm"] },
+        "net-drop" => View { value: 0, roots: &["reason", "ran_on_comm"] },
+        _ => View { value: 0, roots: &["comm"] },
+    }
+}
+
+impl View {
+    pub fn folded(&self, profile: &Profile) -> Vec<String> {
+        folded(profile, self.value, self.roots)
+    }
+
+    /// Unit of the weighing value, from the profile's own sample types.
+    pub fn unit<'p>(&self, profile: &'p Profile) -> &'p str {
+        let unit = profile.sample_type.get(self.value).map_or(0, |t| t.unit);
+        profile.string_table.get(unit as usize).map_or("", String::as_str)
+    }
+}
+
 /// Name of the mapping that holds kernel frames (as perf names it).
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 
