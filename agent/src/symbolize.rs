@@ -88,6 +88,9 @@ impl Symbolizer {
         }
         kernel.sort_unstable();
         kernel.dedup();
+        if kernel.is_empty() {
+            return; // do not make blazesym load kallsyms for nothing
+        }
         self.misses += kernel.len() as u64;
         let source = Source::Kernel(Kernel {
             // No vmlinux on most hosts; kallsyms names every kernel function.
