@@ -46,7 +46,7 @@ impl Pusher {
 
     /// Pushes one batch. Ok(true): something was sent; Ok(false): the spool is empty.
     async fn push_batch(&mut self) -> Result<bool, tonic::Status> {
-        let profiles = self.spool.oldest(BATCH).map_err(|e| tonic::Status::internal(format!("{e:#}")))?;
+        let profiles = self.spool.oldest(BATCH).map_err(spool_error)?;
         let Some(last) = profiles.last().map(|p| p.sequence) else { return Ok(false) };
         let mut request = tonic::Request::new(PushRequest { agent: Some(self.agent.clone()), profiles });
         if let Some(authorization) = &self.authorization {
@@ -55,14 +55,14 @@ impl Pusher {
         match self.client.push(request).await {
             Ok(response) => {
                 let stored = response.into_inner().stored_through;
-                self.spool.remove_through(stored).map_err(|e| tonic::Status::internal(format!("{e:#}")))?;
+                self.spool.remove_through(stored).map_err(spool_error)?;
                 Ok(true)
             }
             // The collector refused the content: retrying cannot help. Say so and move on,
             // rather than block every later profile behind it.
             Err(status) if status.code() == Code::InvalidArgument => {
                 tracing::error!("collector refused profiles up to {last}: {}", status.message());
-                self.spool.remove_through(last).map_err(|e| tonic::Status::internal(format!("{e:#}")))?;
+                self.spool.remove_through(last).map_err(spool_error)?;
                 Ok(true)
             }
             Err(status) => Err(status),
@@ -105,6 +105,11 @@ impl Pusher {
         })
         .await;
     }
+}
+
+/// A spool failure (disk) is reported like a push failure: logged, retried with backoff.
+fn spool_error(error: anyhow::Error) -> tonic::Status {
+    tonic::Status::internal(format!("spool: {error:#}"))
 }
 
 /// 50-100% of the delay, so agents that lost the collector together do not return together.

@@ -86,6 +86,41 @@ impl Drop for NetnsPair {
     }
 }
 
+/// GET over plain HTTP/1.1 (loopback); returns (status, body).
+pub fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, Vec<u8>) {
+    http_get_with(address, path, "")
+}
+
+/// GET with extra header lines (each ending in \r\n).
+pub fn http_get_with(address: std::net::SocketAddr, path: &str, headers: &str) -> (u16, Vec<u8>) {
+    let mut stream = std::net::TcpStream::connect(address).expect("connecting");
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n").unwrap();
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).expect("reading the response");
+    let split = response.windows(4).position(|w| w == b"\r\n\r\n").expect("HTTP header end");
+    let head = String::from_utf8_lossy(&response[..split]).to_string();
+    let status = head.split_whitespace().nth(1).expect("status").parse().expect("numeric status");
+    let mut body = response[split + 4..].to_vec();
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        body = dechunk(&body);
+    }
+    (status, body)
+}
+
+fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = data.windows(2).position(|w| w == b"\r\n").expect("chunk size line");
+        let size = usize::from_str_radix(std::str::from_utf8(&data[..line_end]).unwrap().trim(), 16).unwrap();
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&data[line_end + 2..line_end + 2 + size]);
+        data = &data[line_end + 2 + size + 2..];
+    }
+}
+
 /// A temporary directory removed on drop.
 pub struct TempDir(pub PathBuf);
 

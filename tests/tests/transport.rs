@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ember_tests::{require_root, Agent, Decoded, Fixture, TempDir};
+use ember_tests::{http_get, http_get_with, require_root, Agent, Decoded, Fixture, TempDir};
 
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
 
@@ -55,42 +55,6 @@ impl Drop for Collector {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-    }
-}
-
-/// GET over plain HTTP/1.1 (loopback); returns (status, body).
-fn http_get(address: SocketAddr, path: &str) -> (u16, Vec<u8>) {
-    http_get_with(address, path, "")
-}
-
-/// GET with extra header lines (each ending in \r\n).
-fn http_get_with(address: SocketAddr, path: &str, headers: &str) -> (u16, Vec<u8>) {
-    use std::io::{Read, Write};
-    let mut stream = TcpStream::connect(address).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n").unwrap();
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).unwrap();
-    let split = response.windows(4).position(|w| w == b"\r\n\r\n").expect("HTTP header end");
-    let head = String::from_utf8_lossy(&response[..split]).to_string();
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let mut body = response[split + 4..].to_vec();
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        body = dechunk(&body);
-    }
-    (status, body)
-}
-
-fn dechunk(mut data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = data.windows(2).position(|w| w == b"\r\n").unwrap();
-        let size = usize::from_str_radix(std::str::from_utf8(&data[..line_end]).unwrap().trim(), 16).unwrap();
-        if size == 0 {
-            return out;
-        }
-        out.extend_from_slice(&data[line_end + 2..line_end + 2 + size]);
-        data = &data[line_end + 2 + size + 2..];
     }
 }
 

@@ -4,7 +4,6 @@
 //! hour of 10 s profiles from 10 hosts.
 use std::{
     collections::HashMap,
-    io::{Read, Write},
     net::TcpStream,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -47,13 +46,11 @@ fn real_profile(dir: &std::path::Path) -> Result<(Vec<u8>, u64)> {
     Ok((std::fs::read(&out)?, samples))
 }
 
-fn http_get_ok(address: &str, path: &str) -> Result<usize> {
-    let mut stream = TcpStream::connect(address)?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response)?;
-    anyhow::ensure!(response.starts_with(b"HTTP/1.1 200"), "query failed: {}", String::from_utf8_lossy(&response[..80.min(response.len())]));
-    Ok(response.len())
+/// GETs a query; Ok(body size) on 200.
+fn query(address: &str, path: &str) -> Result<usize> {
+    let (status, body) = ember_tests::http_get(address.parse()?, path);
+    anyhow::ensure!(status == 200, "query {path} failed ({status}): {}", String::from_utf8_lossy(&body));
+    Ok(body.len())
 }
 
 pub fn run() -> Result<()> {
@@ -110,10 +107,10 @@ pub fn run() -> Result<()> {
     let pushed = (HOSTS * INTERVALS) as f64;
 
     let started = Instant::now();
-    let size = http_get_ok(http, "/query?kind=cpu&format=pprof")?;
+    let size = query(http, "/query?kind=cpu&format=pprof")?;
     let query_seconds = started.elapsed().as_secs_f64();
     let started = Instant::now();
-    http_get_ok(http, "/query?kind=cpu&selector=host=host-3&format=svg")?;
+    query(http, "/query?kind=cpu&selector=host=host-3&format=svg")?;
     let one_host_seconds = started.elapsed().as_secs_f64();
     let _ = std::fs::remove_dir_all(&dir);
 
