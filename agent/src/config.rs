@@ -37,6 +37,15 @@ pub struct FileConfig {
     pub spool_max_mib: Option<u64>,
     pub agent_id: Option<String>,
     pub token_file: Option<PathBuf>,
+    /// TLS and plaintext settings (see `ember-agent run --help`).
+    pub tls_ca: Option<PathBuf>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub tls_domain: Option<String>,
+    pub plaintext: Option<bool>,
+    /// OTLP profiles receiver to export to, and headers ("name=value") on every export.
+    pub otlp: Option<String>,
+    pub otlp_headers: Option<Vec<String>>,
     /// Pull mode: gRPC address to serve profiles on, and how many to keep.
     pub serve: Option<std::net::SocketAddr>,
     pub keep: Option<usize>,

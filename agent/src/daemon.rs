@@ -5,7 +5,10 @@ use std::{path::PathBuf, sync::Arc};
 use agent_common::{block_state, counter, kind};
 use anyhow::{Context as _, Result};
 use clap::Args;
-use ember_proto::ember::AgentIdentity;
+use ember_proto::{
+    ember::AgentIdentity,
+    security::{self, ClientSecurity, ServerSecurity},
+};
 use tokio::{
     signal::unix::{signal, SignalKind},
     time::{interval_at, Instant, MissedTickBehavior},
@@ -18,7 +21,8 @@ use crate::{
     output::Outputs,
     pipeline::{Pipeline, Shipping},
     profiles::ProfileKind,
-    push::Pusher,
+    otlp::Otlp,
+    push::{self, Shipper},
     serve,
     resolve::ResolvedInterval,
     sampler::{Event, NetEvent, OffCpuOptions, SamplerOptions},
@@ -53,24 +57,34 @@ pub struct RunArgs {
     /// This agent's identity at the collector [default: the host name].
     #[arg(long)]
     agent_id: Option<String>,
-    /// File holding the bearer token the collector requires.
+    /// Bearer token file: sent with pushes; with --serve, required of pullers.
     #[arg(long)]
     token_file: Option<PathBuf>,
-    /// TLS: the CA (PEM) that signed the collector's certificate (with an https:// --push).
+    /// TLS CA (PEM). Push: the CA that signed the collector's certificate (for an https://
+    /// --push). Serve: collectors must present a certificate it signed (mutual TLS).
     #[arg(long)]
     tls_ca: Option<PathBuf>,
-    /// Mutual TLS: this agent's certificate (PEM) ...
+    /// This agent's certificate (PEM): its client identity for mutual TLS when pushing, its
+    /// server identity when serving ...
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
     /// ... and its private key (PEM).
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// TLS: the name to expect in the collector's certificate [default: the URL's host].
+    /// Push: the name to expect in the collector's certificate [default: the URL's host].
     #[arg(long)]
     tls_domain: Option<String>,
-    /// Push plaintext (http://) to a collector that is not on this host.
+    /// Push plaintext (http://) to a collector on another host, or serve plaintext on a
+    /// non-loopback address (both are refused without it).
     #[arg(long)]
     plaintext: bool,
+    /// Also export profiles over OTLP (gRPC) to this OpenTelemetry profiles receiver (e.g.
+    /// http://127.0.0.1:4317), from its own spool.
+    #[arg(long)]
+    otlp: Option<String>,
+    /// A header on every OTLP export, name=value (repeat for several), e.g. a tenant id.
+    #[arg(long)]
+    otlp_header: Vec<String>,
     /// Pull mode: serve profiles to collectors on this gRPC address (e.g. 0.0.0.0:7072).
     #[arg(long)]
     serve: Option<std::net::SocketAddr>,
@@ -163,27 +177,90 @@ pub fn profile_kinds(options: &SamplerOptions) -> Vec<ProfileKind> {
         .collect()
 }
 
-/// TLS for pushing to an https:// collector; plaintext only to this host or when asked for.
-fn client_tls(args: &RunArgs, url: &str) -> Result<Option<tonic::transport::ClientTlsConfig>> {
-    let read = |path: &PathBuf| std::fs::read(path).with_context(|| format!("reading {}", path.display()));
-    if url.starts_with("https://") {
-        let ca = args.tls_ca.as_ref().context("pushing over https:// needs --tls-ca (the CA that signed the collector)")?;
-        let mut tls = tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(read(ca)?));
-        if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
-            tls = tls.identity(tonic::transport::Identity::from_pem(read(cert)?, read(key)?));
-        }
-        if let Some(domain) = &args.tls_domain {
-            tls = tls.domain_name(domain.clone());
-        }
-        return Ok(Some(tls));
+/// TLS files and token from flags, else from the config file.
+struct Security {
+    token: Option<String>,
+    ca: Option<PathBuf>,
+    identity: Option<(PathBuf, PathBuf)>,
+    domain: Option<String>,
+    plaintext: bool,
+}
+
+impl Security {
+    fn new(args: &RunArgs, file: &FileConfig) -> Result<Security> {
+        let token_file = args.token_file.clone().or(file.token_file.clone());
+        let cert = args.tls_cert.clone().or(file.tls_cert.clone());
+        let key = args.tls_key.clone().or(file.tls_key.clone());
+        anyhow::ensure!(cert.is_some() == key.is_some(), "TLS needs both tls_cert and tls_key");
+        Ok(Security {
+            token: token_file.map(|path| security::read_token(&path)).transpose()?,
+            ca: args.tls_ca.clone().or(file.tls_ca.clone()),
+            identity: cert.zip(key),
+            domain: args.tls_domain.clone().or(file.tls_domain.clone()),
+            plaintext: args.plaintext || file.plaintext.unwrap_or(false),
+        })
     }
-    let host = url.trim_start_matches("http://").split([':', '/']).next().unwrap_or_default();
-    let local = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
-    anyhow::ensure!(
-        local || args.plaintext,
-        "refusing to push plaintext to {url}: use https:// with --tls-ca, or --plaintext to accept it"
-    );
-    Ok(None)
+
+    fn client(&self) -> ClientSecurity {
+        ClientSecurity { ca: self.ca.clone(), identity: self.identity.clone(), domain: self.domain.clone(), plaintext: self.plaintext }
+    }
+
+    fn server(&self) -> ServerSecurity {
+        let (cert, key) = self.identity.clone().unzip();
+        ServerSecurity { cert, key, client_ca: self.ca.clone(), plaintext: self.plaintext }
+    }
+}
+
+type Task = tokio::task::JoinHandle<Result<()>>;
+
+/// Starts the sinks profiles leave the agent by: push to a collector or serve to pullers, and
+/// OTLP export. Each has its own spool the pipeline writes to.
+fn start_shipping<F>(
+    args: &RunArgs,
+    file: &FileConfig,
+    hostname: &str,
+    push: Option<&str>,
+    serve: Option<std::net::SocketAddr>,
+    otlp: Option<&str>,
+    until_stopped: &impl Fn() -> F,
+) -> Result<(Option<Shipping>, Vec<Task>)>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    if push.is_none() && serve.is_none() && otlp.is_none() {
+        return Ok((None, vec![]));
+    }
+    let spool_dir = args.spool_dir.clone().or(file.spool_dir.clone()).unwrap_or_else(|| PathBuf::from("ember-spool"));
+    let max_bytes = args.spool_max_mib.or(file.spool_max_mib).unwrap_or(256) << 20;
+    let security = Security::new(args, file)?;
+    let agent = AgentIdentity {
+        agent_id: args.agent_id.clone().or(file.agent_id.clone()).unwrap_or_else(|| hostname.to_string()),
+        hostname: hostname.to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    let (mut spools, mut tasks): (Vec<Arc<Spool>>, Vec<Task>) = (vec![], vec![]);
+    if let Some(url) = push {
+        let spool = Arc::new(Spool::open(&spool_dir, max_bytes, usize::MAX)?);
+        let collector = push::Collector::new(security.client().endpoint(url, "collector")?, agent, security.token.as_deref())?;
+        tasks.push(Shipper::new(collector, spool.clone()).spawn(until_stopped()));
+        spools.push(spool);
+    } else if let Some(address) = serve {
+        let keep = args.keep.or(file.keep).unwrap_or(360);
+        let spool = Arc::new(Spool::open(&spool_dir, max_bytes, keep)?);
+        let tls = security.server().grpc(address)?;
+        tasks.push(tokio::spawn(serve::serve(address, tls, security.token.clone(), spool.clone(), agent, until_stopped())));
+        spools.push(spool);
+    }
+    if let Some(url) = otlp {
+        let spool = Arc::new(Spool::open(&spool_dir.join("otlp"), max_bytes, usize::MAX)?);
+        let headers = if args.otlp_header.is_empty() { file.otlp_headers.clone().unwrap_or_default() } else { args.otlp_header.clone() };
+        let exporter = Otlp::new(security.client().endpoint(url, "OTLP receiver")?, &headers)?;
+        tasks.push(Shipper::new(exporter, spool.clone()).spawn(until_stopped()));
+        spools.push(spool);
+    }
+    let mut labels = file.labels.clone().unwrap_or_default();
+    labels.entry("host".into()).or_insert_with(|| hostname.to_string());
+    Ok((Some(Shipping { spools, labels }), tasks))
 }
 
 /// Resolves on the first SIGINT or SIGTERM.
@@ -231,7 +308,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     );
     // Agents that ship profiles keep local files only when asked to.
     let dir = args.output_dir.clone().or(file.output_dir.clone());
-    let dir = if push.is_none() && serve.is_none() { Some(dir.unwrap_or_else(crate::default_output_dir)) } else { dir };
+    let otlp = args.otlp.clone().or(file.otlp.clone());
+    let dir = if push.is_none() && serve.is_none() && otlp.is_none() { Some(dir.unwrap_or_else(crate::default_output_dir)) } else { dir };
     let flamegraphs = args.flamegraphs || file.flamegraphs.unwrap_or(false);
     let options = sampler_options(&args.sampling, &file, config::DEFAULT_DAEMON_FREQUENCY)?;
     crate::preflight::check()?;
@@ -246,41 +324,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             let _ = stopped.wait_for(|s| *s).await;
         }
     };
-    let mut shipping = None;
-    let mut shipper = None;
-    if push.is_some() || serve.is_some() {
-        let spool_dir = args.spool_dir.clone().or(file.spool_dir.clone()).unwrap_or_else(|| PathBuf::from("ember-spool"));
-        let max_mib = args.spool_max_mib.or(file.spool_max_mib).unwrap_or(256);
-        let keep = if serve.is_some() { args.keep.or(file.keep).unwrap_or(360) } else { usize::MAX };
-        let spool = Arc::new(Spool::open(&spool_dir, max_mib << 20, keep)?);
-        let agent = AgentIdentity {
-            agent_id: args.agent_id.clone().or(file.agent_id.clone()).unwrap_or_else(|| hostname.clone()),
-            hostname: hostname.clone(),
-            version: env!("CARGO_PKG_VERSION").to_string(),
-        };
-        let mut labels = file.labels.clone().unwrap_or_default();
-        labels.entry("host".into()).or_insert_with(|| hostname.clone());
-        shipper = Some(match (&push, serve) {
-            (Some(url), _) => {
-                let token = match args.token_file.clone().or(file.token_file.clone()) {
-                    Some(path) => {
-                        let token = std::fs::read_to_string(&path).with_context(|| format!("reading token file {}", path.display()))?;
-                        Some(token.trim().to_string())
-                    }
-                    None => None,
-                };
-                let pusher = Pusher::new(url, spool.clone(), agent, token.as_deref(), client_tls(&args, url)?)?;
-                tokio::spawn(async move {
-                    pusher.run(until_stopped()).await;
-                    Ok(())
-                })
-            }
-            (None, Some(address)) => tokio::spawn(serve::serve(address, spool.clone(), agent, until_stopped())),
-            (None, None) => unreachable!("checked above"),
-        });
-        shipping = Some(Shipping { spool, labels });
-    }
-
+    let (shipping, shippers) = start_shipping(&args, &file, &hostname, push.as_deref(), serve, otlp.as_deref(), &until_stopped)?;
     let mut collector = Collector::start(&options)?;
     let pipeline = Pipeline::spawn(options.event.name(), options.frequency, shipping);
     let kinds = profile_kinds(&options);
@@ -315,8 +359,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     drop(collector);
     // The last interval reaches the spool before the pusher's final attempt.
     pipeline.finish();
-    if let Some(shipper) = shipper {
-        let _ = stop_shipping.send(true);
+    let _ = stop_shipping.send(true);
+    for shipper in shippers {
         shipper.await.context("shipping task failed")??;
     }
     Ok(())

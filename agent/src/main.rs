@@ -5,6 +5,7 @@ mod cgroups;
 mod collect;
 mod config;
 mod daemon;
+mod otlp;
 mod output;
 mod pipeline;
 mod pprof;

@@ -44,9 +44,10 @@ pub struct Pipeline {
     thread: Option<JoinHandle<()>>,
 }
 
-/// Where profiles go besides local files: the spool the pusher sends to the collector.
+/// Where profiles go besides local files: the spools that shippers send from (Ember's
+/// collector or pullers, and OTLP), each its own copy so one sink's outage never holds the other.
 pub struct Shipping {
-    pub spool: Arc<Spool>,
+    pub spools: Vec<Arc<Spool>>,
     /// Labels of every profile (host, and static labels from config).
     pub labels: HashMap<String, String>,
 }
@@ -132,15 +133,18 @@ fn write_profile(
     };
     let gzip = ember_pprof::encode_gzip(&profile);
     if let Some(shipping) = shipping {
-        let sequence = shipping.spool.append(ember_proto::ember::Profile {
+        let spooled = ember_proto::ember::Profile {
             sequence: 0,
             kind: kind.name().to_string(),
             start_unix_nanos: profile.time_nanos,
             end_unix_nanos: profile.time_nanos + profile.duration_nanos,
             labels: shipping.labels.clone(),
             pprof_gzip: gzip.clone(),
-        })?;
-        written.files.push(format!("spool #{sequence}"));
+        };
+        for spool in &shipping.spools {
+            let sequence = spool.append(spooled.clone())?;
+            written.files.push(format!("spool {} #{sequence}", spool.name()));
+        }
     }
     if let Some(path) = &outputs.pprof {
         write_atomic(path, &gzip)?;

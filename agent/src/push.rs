@@ -1,14 +1,18 @@
-//! Push: sends spooled profiles to the collector over gRPC, oldest first, in batches. While
-//! the collector is unreachable it retries with exponential backoff and jitter; profiles
-//! wait in the spool meanwhile, so an outage loses nothing (up to the spool's size).
-use std::{sync::Arc, time::Duration};
+//! Shipping: sends spooled profiles to a destination (Ember's collector, or an OTLP receiver),
+//! oldest first, in batches. While the destination is unreachable it retries with exponential
+//! backoff and jitter; profiles wait in the spool meanwhile, so an outage loses nothing (up to
+//! the spool's size).
+use std::{future::Future, sync::Arc, time::Duration};
 
-use anyhow::{Context as _, Result};
-use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, PushRequest};
+use anyhow::Result;
+use ember_proto::{
+    ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest},
+    security::bearer,
+};
 use tonic::{
     metadata::{Ascii, MetadataValue},
-    transport::{ClientTlsConfig, Endpoint},
-    Code,
+    transport::{Channel, Endpoint},
+    Code, Status,
 };
 
 use crate::spool::Spool;
@@ -18,50 +22,71 @@ const IDLE_POLL: Duration = Duration::from_millis(500);
 const MIN_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
-pub struct Pusher {
-    client: CollectorClient<tonic::transport::Channel>,
-    spool: Arc<Spool>,
+/// Where a shipper sends profiles.
+pub trait Destination: Send + 'static {
+    /// What it is, for logs.
+    const NAME: &'static str;
+    /// Sends profiles (oldest first); returns the highest sequence now stored there.
+    fn send(&mut self, profiles: Vec<Profile>) -> impl Future<Output = Result<u64, Status>> + Send;
+}
+
+/// Lazily connected, with a per-request timeout: the agent starts profiling even if the
+/// destination is down, and a hung one does not hold profiles forever.
+pub fn channel(endpoint: Endpoint) -> Channel {
+    endpoint.timeout(Duration::from_secs(30)).connect_lazy()
+}
+
+/// Ember's collector (ember.v1.Collector/Push).
+pub struct Collector {
+    client: CollectorClient<Channel>,
     agent: AgentIdentity,
     /// `Bearer <token>`, sent with every push when the collector requires one.
     authorization: Option<MetadataValue<Ascii>>,
-    backoff: Duration,
 }
 
-impl Pusher {
-    pub fn new(url: &str, spool: Arc<Spool>, agent: AgentIdentity, token: Option<&str>, tls: Option<ClientTlsConfig>) -> Result<Pusher> {
-        let authorization = token
-            .map(|t| format!("Bearer {t}").parse().context("the token has characters not allowed in a header"))
-            .transpose()?;
-        let mut endpoint = Endpoint::from_shared(url.to_string())
-            .with_context(|| format!("invalid collector address {url:?} (expected e.g. https://collector:7070)"))?
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(30));
-        if let Some(tls) = tls {
-            endpoint = endpoint.tls_config(tls).context("configuring TLS")?;
-        }
-        // Lazy: the agent starts profiling even if the collector is down.
-        let client = CollectorClient::new(endpoint.connect_lazy());
-        Ok(Pusher { client, spool, agent, authorization, backoff: MIN_BACKOFF })
+impl Collector {
+    pub fn new(endpoint: Endpoint, agent: AgentIdentity, token: Option<&str>) -> Result<Collector> {
+        let authorization = token.map(bearer).transpose()?;
+        Ok(Collector { client: CollectorClient::new(channel(endpoint)), agent, authorization })
     }
+}
 
-    /// Pushes one batch. Ok(true): something was sent; Ok(false): the spool is empty.
-    async fn push_batch(&mut self) -> Result<bool, tonic::Status> {
-        let profiles = self.spool.oldest(BATCH).map_err(spool_error)?;
-        let Some(last) = profiles.last().map(|p| p.sequence) else { return Ok(false) };
+impl Destination for Collector {
+    const NAME: &'static str = "collector";
+
+    async fn send(&mut self, profiles: Vec<Profile>) -> Result<u64, Status> {
         let mut request = tonic::Request::new(PushRequest { agent: Some(self.agent.clone()), profiles });
         if let Some(authorization) = &self.authorization {
             request.metadata_mut().insert("authorization", authorization.clone());
         }
-        match self.client.push(request).await {
-            Ok(response) => {
-                let stored = response.into_inner().stored_through;
+        Ok(self.client.push(request).await?.into_inner().stored_through)
+    }
+}
+
+pub struct Shipper<D> {
+    destination: D,
+    spool: Arc<Spool>,
+    backoff: Duration,
+}
+
+impl<D: Destination> Shipper<D> {
+    pub fn new(destination: D, spool: Arc<Spool>) -> Shipper<D> {
+        Shipper { destination, spool, backoff: MIN_BACKOFF }
+    }
+
+    /// Sends one batch. Ok(true): something was sent; Ok(false): the spool is empty.
+    async fn send_batch(&mut self) -> Result<bool, Status> {
+        let profiles = self.spool.oldest(BATCH).map_err(spool_error)?;
+        let Some(last) = profiles.last().map(|p| p.sequence) else { return Ok(false) };
+        match self.destination.send(profiles).await {
+            Ok(stored) => {
                 self.spool.remove_through(stored).map_err(spool_error)?;
                 Ok(true)
             }
-            // The collector refused the content: retrying cannot help. Say so and move on,
+            // The destination refused the content: retrying cannot help. Say so and move on,
             // rather than block every later profile behind it.
             Err(status) if status.code() == Code::InvalidArgument => {
-                tracing::error!("collector refused profiles up to {last}: {}", status.message());
+                tracing::error!("{} refused profiles up to {last}: {}", D::NAME, status.message());
                 self.spool.remove_through(last).map_err(spool_error)?;
                 Ok(true)
             }
@@ -69,15 +94,23 @@ impl Pusher {
         }
     }
 
-    /// Pushes until `stop` resolves, then makes a last bounded attempt to empty the spool.
-    pub async fn run(mut self, stop: impl std::future::Future<Output = ()>) {
+    /// Runs on its own task until `stop`.
+    pub fn spawn(self, stop: impl Future<Output = ()> + Send + 'static) -> tokio::task::JoinHandle<Result<()>> {
+        tokio::spawn(async move {
+            self.run(stop).await;
+            Ok(())
+        })
+    }
+
+    /// Sends until `stop` resolves, then makes a last bounded attempt to empty the spool.
+    async fn run(mut self, stop: impl Future<Output = ()>) {
         tokio::pin!(stop);
         let mut failing = false;
         loop {
-            let wait = match self.push_batch().await {
+            let wait = match self.send_batch().await {
                 Ok(true) => {
                     if failing {
-                        tracing::info!("push works again: sending spooled profiles");
+                        tracing::info!("{} reachable again: sending spooled profiles", D::NAME);
                         failing = false;
                     }
                     self.backoff = MIN_BACKOFF;
@@ -87,7 +120,7 @@ impl Pusher {
                 Err(status) => {
                     if !failing {
                         // Unreachable, overloaded, or refusing this agent's token: retry, spooling.
-                        tracing::warn!(code = ?status.code(), "push failed, spooling profiles until it works: {}", status.message());
+                        tracing::warn!(code = ?status.code(), "sending to {} failed, spooling profiles until it works: {}", D::NAME, status.message());
                         failing = true;
                     }
                     let wait = jitter(self.backoff);
@@ -101,15 +134,15 @@ impl Pusher {
             }
         }
         let _ = tokio::time::timeout(Duration::from_secs(5), async {
-            while let Ok(true) = self.push_batch().await {}
+            while let Ok(true) = self.send_batch().await {}
         })
         .await;
     }
 }
 
-/// A spool failure (disk) is reported like a push failure: logged, retried with backoff.
-fn spool_error(error: anyhow::Error) -> tonic::Status {
-    tonic::Status::internal(format!("spool: {error:#}"))
+/// A spool failure (disk) is reported like a send failure: logged, retried with backoff.
+fn spool_error(error: anyhow::Error) -> Status {
+    Status::internal(format!("spool: {error:#}"))
 }
 
 /// 50-100% of the delay, so agents that lost the collector together do not return together.

@@ -4,12 +4,15 @@
 use std::{net::SocketAddr, pin::Pin, sync::Arc, time::Duration};
 
 use anyhow::{Context as _, Result};
-use ember_proto::ember::{
-    agent_server::{Agent, AgentServer},
-    AgentIdentity, IdentityRequest, Profile, PullRequest,
+use ember_proto::{
+    ember::{
+        agent_server::{Agent, AgentServer},
+        AgentIdentity, IdentityRequest, Profile, PullRequest,
+    },
+    security::token_check,
 };
 use tokio_stream::{wrappers::ReceiverStream, Stream};
-use tonic::{Request, Response, Status};
+use tonic::{transport::ServerTlsConfig, Request, Response, Status};
 
 use crate::spool::Spool;
 
@@ -59,9 +62,31 @@ impl Agent for AgentService {
     }
 }
 
-pub async fn serve(address: SocketAddr, spool: Arc<Spool>, identity: AgentIdentity, stop: impl std::future::Future<Output = ()>) -> Result<()> {
-    tonic::transport::Server::builder()
-        .add_service(AgentServer::new(AgentService { spool, identity }))
+/// Serves pulls, with gRPC health checking and reflection beside them for probes and tools
+/// such as grpcurl; over TLS when given, and only to pullers with the token when given.
+pub async fn serve(
+    address: SocketAddr,
+    tls: Option<ServerTlsConfig>,
+    token: Option<String>,
+    spool: Arc<Spool>,
+    identity: AgentIdentity,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<AgentServer<AgentService>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(ember_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the gRPC reflection service")?;
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        server = server.tls_config(tls).context("configuring TLS")?;
+    }
+    server
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(AgentServer::with_interceptor(AgentService { spool, identity }, token_check(token)))
         .serve_with_shutdown(address, stop)
         .await
         .with_context(|| format!("serving pulls on {address}"))

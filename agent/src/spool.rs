@@ -77,6 +77,11 @@ impl Spool {
         Ok(profile.sequence)
     }
 
+    /// The spool's directory name, for logs.
+    pub fn name(&self) -> String {
+        self.dir.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+    }
+
     /// Up to `limit` spooled profiles, oldest first.
     pub fn oldest(&self, limit: usize) -> Result<Vec<Profile>> {
         self.after(0, limit)

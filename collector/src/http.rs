@@ -15,7 +15,9 @@ use axum::{
 use ember_proto::pprof::Profile;
 use serde::Deserialize;
 
-use crate::{query, service::authorized, store::Store};
+use ember_proto::security::authorized;
+
+use crate::{query, store::Store};
 
 #[derive(Deserialize)]
 struct Range {
@@ -131,28 +133,28 @@ fn diff_lines(base: &[String], new: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// Serves the query API, over TLS when given a certificate and key (PEM).
 pub async fn serve(
     listener: tokio::net::TcpListener,
+    tls: Option<(Vec<u8>, Vec<u8>)>,
     store: Arc<Store>,
     token: Option<String>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    axum::serve(listener, router(store, token)).with_graceful_shutdown(shutdown).await?;
+    let router = router(store, token);
+    match tls {
+        Some((cert, key)) => {
+            let listener = crate::https::TlsListener::new(listener, &cert, &key)?;
+            axum::serve(listener, router).with_graceful_shutdown(shutdown).await?
+        }
+        None => axum::serve(listener, router).with_graceful_shutdown(shutdown).await?,
+    }
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bearer_tokens_must_match_exactly() {
-        assert!(authorized(None, None));
-        assert!(authorized(Some(b"Bearer s3cret"), Some("s3cret")));
-        assert!(!authorized(Some(b"Bearer s3cre"), Some("s3cret")));
-        assert!(!authorized(Some(b"Bearer s3creT"), Some("s3cret")));
-        assert!(!authorized(None, Some("s3cret")));
-    }
 
     #[test]
     fn diff_lines_pair_counts_of_both_ranges() {

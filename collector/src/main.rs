@@ -1,6 +1,7 @@
 //! ember-collector: receives profiles pushed by agents over gRPC, keeps them in an embedded
 //! store under a data directory, and answers queries.
 mod http;
+mod https;
 mod pull;
 mod query;
 mod service;
@@ -16,7 +17,10 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
-use ember_proto::ember::collector_server::CollectorServer;
+use ember_proto::{
+    ember::collector_server::CollectorServer,
+    security::{self, ClientSecurity, ServerSecurity},
+};
 
 #[derive(Parser)]
 #[command(name = "ember-collector", version, about = "Ember's collector: receive, store and query profiles")]
@@ -48,19 +52,32 @@ enum Command {
         /// queries. Health checks stay open for probes.
         #[arg(long)]
         token_file: Option<PathBuf>,
-        /// Pull from this agent (gRPC URL, e.g. http://node-1:7072); repeat for several.
+        /// Pull from this agent (gRPC URL, e.g. https://node-1:7072); repeat for several.
         #[arg(long)]
         pull: Vec<String>,
-        /// Serve gRPC over TLS with this certificate (PEM) ...
+        /// Pull over TLS: the CA (PEM) that signed the agents' certificates.
+        #[arg(long)]
+        pull_tls_ca: Option<PathBuf>,
+        /// Pull over mutual TLS: the collector's client certificate (PEM) ...
+        #[arg(long, requires = "pull_tls_key")]
+        pull_tls_cert: Option<PathBuf>,
+        /// ... and its private key (PEM).
+        #[arg(long, requires = "pull_tls_cert")]
+        pull_tls_key: Option<PathBuf>,
+        /// The bearer token agents require of pullers (read from this file).
+        #[arg(long)]
+        pull_token_file: Option<PathBuf>,
+        /// Serve gRPC and the HTTP query API over TLS with this certificate (PEM) ...
         #[arg(long, requires = "tls_key")]
         tls_cert: Option<PathBuf>,
         /// ... and its private key (PEM).
         #[arg(long, requires = "tls_cert")]
         tls_key: Option<PathBuf>,
-        /// Mutual TLS: accept only agents whose certificate this CA (PEM) signed.
+        /// Mutual TLS on gRPC: accept only agents whose certificate this CA (PEM) signed.
         #[arg(long, requires = "tls_cert")]
         tls_client_ca: Option<PathBuf>,
-        /// Accept plaintext gRPC on a non-loopback address (without TLS it is refused).
+        /// Accept plaintext gRPC and HTTP on non-loopback addresses, and pull plaintext from
+        /// agents on other hosts (without it, both are refused).
         #[arg(long)]
         plaintext: bool,
     },
@@ -96,8 +113,10 @@ enum Command {
 
 struct Serve {
     token: Option<String>,
-    pull: Vec<String>,
+    pull: Vec<pull::Source>,
     tls: Option<tonic::transport::ServerTlsConfig>,
+    /// Certificate and key (PEM) of the HTTPS query API.
+    http_tls: Option<(Vec<u8>, Vec<u8>)>,
     listen: SocketAddr,
     http: SocketAddr,
     data_dir: PathBuf,
@@ -107,7 +126,7 @@ struct Serve {
 
 async fn serve(args: Serve) -> Result<()> {
     let store = Arc::new(store::Store::open(&args.data_dir)?);
-    let http = tokio::net::TcpListener::bind(args.http).await.with_context(|| format!("binding {}", args.http))?;
+    let http_listener = tokio::net::TcpListener::bind(args.http).await.with_context(|| format!("binding {}", args.http))?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let until_stopped = move || {
         let mut stopped = stopped.clone();
@@ -124,10 +143,10 @@ async fn serve(args: Serve) -> Result<()> {
         let _ = stop.send(true);
     });
     tokio::spawn(retention(store.clone(), args.retention, args.max_bytes, until_stopped()));
-    for url in args.pull.clone() {
-        tokio::spawn(pull::pull_forever(url, store.clone(), until_stopped()));
+    for source in args.pull {
+        tokio::spawn(pull::pull_forever(source, store.clone(), until_stopped()));
     }
-    let http = tokio::spawn(http::serve(http, store.clone(), args.token.clone(), until_stopped()));
+    let http = tokio::spawn(http::serve(http_listener, args.http_tls, store.clone(), args.token.clone(), until_stopped()));
     // Standard gRPC health checking and reflection, for probes and tools such as grpcurl.
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<CollectorServer<service::CollectorService>>().await;
@@ -144,14 +163,7 @@ async fn serve(args: Serve) -> Result<()> {
     server
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(CollectorServer::with_interceptor(service::CollectorService { store }, move |request: tonic::Request<()>| {
-            let header = request.metadata().get("authorization").map(|v| v.as_bytes());
-            if service::authorized(header, args.token.as_deref()) {
-                Ok(request)
-            } else {
-                Err(tonic::Status::unauthenticated("missing or wrong bearer token"))
-            }
-        }))
+        .add_service(CollectorServer::with_interceptor(service::CollectorService { store }, security::token_check(args.token)))
         .serve_with_shutdown(args.listen, until_stopped())
         .await
         .with_context(|| format!("serving gRPC on {}", args.listen))?;
@@ -192,25 +204,6 @@ fn run_query(data_dir: PathBuf, kind: String, selector: String, from: Option<u64
     Ok(())
 }
 
-/// TLS identity of the gRPC server; with a client CA, agents must present a certificate it
-/// signed (mutual TLS).
-fn server_tls(cert: &std::path::Path, key: &std::path::Path, client_ca: Option<&std::path::Path>) -> Result<tonic::transport::ServerTlsConfig> {
-    let read = |path: &std::path::Path| std::fs::read(path).with_context(|| format!("reading {}", path.display()));
-    let mut tls = tonic::transport::ServerTlsConfig::new().identity(tonic::transport::Identity::from_pem(read(cert)?, read(key)?));
-    if let Some(ca) = client_ca {
-        tls = tls.client_ca_root(tonic::transport::Certificate::from_pem(read(ca)?));
-    }
-    Ok(tls)
-}
-
-/// A token file holds the token (surrounding whitespace ignored); an empty one is an error.
-fn read_token(path: &std::path::Path) -> Result<String> {
-    let token = std::fs::read_to_string(path).with_context(|| format!("reading token file {}", path.display()))?;
-    let token = token.trim().to_string();
-    anyhow::ensure!(!token.is_empty(), "token file {} is empty", path.display());
-    Ok(token)
-}
-
 fn list(data_dir: PathBuf) -> Result<()> {
     let store = store::Store::open(&data_dir)?;
     for stored in store.range(0, u64::MAX)? {
@@ -228,38 +221,33 @@ fn main() -> ExitCode {
         .init();
     let result = match Cli::parse().command {
         Command::Serve {
-            listen, http, data_dir, retention_hours, max_size_mib, token_file, pull, tls_cert, tls_key, tls_client_ca, plaintext,
+            listen, http, data_dir, retention_hours, max_size_mib, token_file, pull, pull_tls_ca, pull_tls_cert,
+            pull_tls_key, pull_token_file, tls_cert, tls_key, tls_client_ca, plaintext,
         } => {
-            let setup = || -> Result<_> {
-                let token = token_file.map(|path| read_token(&path)).transpose()?;
-                let tls = match (tls_cert, tls_key) {
-                    (Some(cert), Some(key)) => Some(server_tls(&cert, &key, tls_client_ca.as_deref())?),
-                    _ => None,
-                };
-                anyhow::ensure!(
-                    tls.is_some() || plaintext || listen.ip().is_loopback(),
-                    "refusing plaintext gRPC on {listen}: give --tls-cert and --tls-key, or --plaintext to accept it"
-                );
-                Ok((token, tls))
+            let setup = || -> Result<Serve> {
+                let server = ServerSecurity { cert: tls_cert, key: tls_key, client_ca: tls_client_ca, plaintext };
+                let client = ClientSecurity { ca: pull_tls_ca, identity: pull_tls_cert.zip(pull_tls_key), domain: None, plaintext };
+                let pull_token = pull_token_file.map(|path| security::read_token(&path)).transpose()?;
+                let pull = pull
+                    .into_iter()
+                    .map(|url| pull::Source::new(url, &client, pull_token.as_deref()))
+                    .collect::<Result<_>>()?;
+                Ok(Serve {
+                    token: token_file.map(|path| security::read_token(&path)).transpose()?,
+                    pull,
+                    tls: server.grpc(listen)?,
+                    http_tls: server.tls(http, "HTTP")?,
+                    listen,
+                    http,
+                    data_dir,
+                    retention: Duration::from_secs(retention_hours * 3600),
+                    max_bytes: max_size_mib << 20,
+                })
             };
-            let (token, tls) = match setup() {
-                Ok(found) => found,
-                Err(error) => {
-                    eprintln!("error: {error:#}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            let args = Serve {
-                token,
-                pull,
-                tls,
-                listen,
-                http,
-                data_dir,
-                retention: Duration::from_secs(retention_hours * 3600),
-                max_bytes: max_size_mib << 20,
-            };
-            tokio::runtime::Runtime::new().expect("tokio runtime").block_on(serve(args))
+            match setup() {
+                Ok(args) => tokio::runtime::Runtime::new().expect("tokio runtime").block_on(serve(args)),
+                Err(error) => Err(error),
+            }
         }
         Command::List { data_dir } => list(data_dir),
         Command::Query { data_dir, kind, selector, from, to, format, output } => {

@@ -4,7 +4,14 @@
 use std::{sync::Arc, time::Duration};
 
 use anyhow::{Context as _, Result};
-use ember_proto::ember::{agent_client::AgentClient, IdentityRequest, PullRequest};
+use ember_proto::{
+    ember::{agent_client::AgentClient, IdentityRequest, PullRequest},
+    security::{bearer, ClientSecurity},
+};
+use tonic::{
+    metadata::{Ascii, MetadataValue},
+    transport::Endpoint,
+};
 
 use crate::{
     service::{check, now_ns},
@@ -13,14 +20,38 @@ use crate::{
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
+/// An agent to pull from: where, and with which TLS settings and token.
+pub struct Source {
+    url: String,
+    endpoint: Endpoint,
+    authorization: Option<MetadataValue<Ascii>>,
+}
+
+impl Source {
+    pub fn new(url: String, security: &ClientSecurity, token: Option<&str>) -> Result<Source> {
+        let endpoint = security.endpoint(&url, "agent to pull from")?;
+        Ok(Source { url, endpoint, authorization: token.map(bearer).transpose()? })
+    }
+
+    /// A request with the token, when agents require one.
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(authorization) = &self.authorization {
+            request.metadata_mut().insert("authorization", authorization.clone());
+        }
+        request
+    }
+}
+
 /// Pulls from one agent until `stop`, reconnecting with backoff.
-pub async fn pull_forever(url: String, store: Arc<Store>, stop: impl std::future::Future<Output = ()>) {
+pub async fn pull_forever(source: Source, store: Arc<Store>, stop: impl std::future::Future<Output = ()>) {
     tokio::pin!(stop);
+    let url = &source.url;
     let mut backoff = Duration::from_millis(500);
     loop {
         tokio::select! {
             _ = &mut stop => return,
-            result = pull_once(&url, &store) => {
+            result = pull_once(&source, &store) => {
                 if let Err(e) = result {
                     tracing::warn!(agent = url, "pull interrupted, retrying in {backoff:?}: {e:#}");
                 }
@@ -33,16 +64,17 @@ pub async fn pull_forever(url: String, store: Arc<Store>, stop: impl std::future
     }
 }
 
-async fn pull_once(url: &str, store: &Arc<Store>) -> Result<()> {
-    let mut client = AgentClient::connect(url.to_string()).await.with_context(|| format!("connecting to agent {url}"))?;
-    let agent = client.identity(IdentityRequest {}).await?.into_inner();
+async fn pull_once(source: &Source, store: &Arc<Store>) -> Result<()> {
+    let channel = source.endpoint.connect().await.with_context(|| format!("connecting to agent {}", source.url))?;
+    let mut client = AgentClient::new(channel);
+    let agent = client.identity(source.request(IdentityRequest {})).await?.into_inner();
     let id = agent.agent_id.clone();
     let after = {
         let store = store.clone();
         tokio::task::spawn_blocking(move || store.stored_through(&id)).await??
     };
     tracing::info!(agent = agent.agent_id, after, "pulling");
-    let mut stream = client.pull(PullRequest { after_sequence: after }).await?.into_inner();
+    let mut stream = client.pull(source.request(PullRequest { after_sequence: after })).await?.into_inner();
     while let Some(profile) = stream.message().await? {
         if let Err(why) = check(&profile, now_ns()) {
             tracing::warn!(agent = agent.agent_id, sequence = profile.sequence, "refused a pulled profile: {why}");

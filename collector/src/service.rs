@@ -18,15 +18,6 @@ pub struct CollectorService {
     pub store: Arc<Store>,
 }
 
-/// Whether a request carries `authorization: Bearer <token>` (when a token is configured).
-/// The comparison takes the same time wherever the first difference is.
-pub fn authorized(header: Option<&[u8]>, token: Option<&str>) -> bool {
-    let Some(token) = token else { return true };
-    let expected = format!("Bearer {token}");
-    let Some(given) = header else { return false };
-    given.len() == expected.len() && given.iter().zip(expected.as_bytes()).fold(0u8, |diff, (a, b)| diff | (a ^ b)) == 0
-}
-
 pub fn check(profile: &Profile, now_ns: i64) -> Result<(), String> {
     if !KINDS.contains(&profile.kind.as_str()) {
         return Err(format!("unknown profile kind {:?} (known: {})", profile.kind, KINDS.join(", ")));

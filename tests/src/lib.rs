@@ -12,6 +12,8 @@ use std::{
 use ember_proto::pprof::Profile;
 use prost::Message;
 
+pub mod transport;
+
 /// The tests load BPF programs: without root they must fail loudly, never skip.
 pub fn require_root() {
     assert_eq!(

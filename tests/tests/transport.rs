@@ -1,77 +1,14 @@
 //! Transport end to end on loopback: agents push to a real collector over gRPC; the collector
 //! stores, de-duplicates and merges. Needs root (the agent loads BPF programs).
-use std::{
-    net::{SocketAddr, TcpListener, TcpStream},
-    path::Path,
-    process::{Child, Command},
-    time::{Duration, Instant},
+use std::{net::SocketAddr, path::Path, process::Command, time::Duration};
+
+use ember_tests::{
+    http_get, http_get_with, require_root,
+    transport::{collector_bin, free_address, health_and_services, spool_is_empty, stop_agent as stop, stored, Collector},
+    Agent, Decoded, Fixture, TempDir,
 };
 
-use ember_tests::{http_get, http_get_with, require_root, Agent, Decoded, Fixture, TempDir};
-
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
-
-fn collector_bin() -> std::path::PathBuf {
-    ember_tests::agent_bin().with_file_name("ember-collector")
-}
-
-/// A loopback port nobody listens on.
-fn free_address() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
-/// A running collector, stopped (SIGINT) on drop.
-struct Collector(Child);
-
-impl Collector {
-    fn start(address: SocketAddr, data: &Path) -> Collector {
-        Collector::start_with_http(address, free_address(), data, &[])
-    }
-
-    fn start_with_http(address: SocketAddr, http: SocketAddr, data: &Path, extra: &[&str]) -> Collector {
-        let child = Command::new(collector_bin())
-            .args(["serve", "--listen", &address.to_string(), "--http", &http.to_string()])
-            .args(["--data-dir", data.to_str().unwrap()])
-            .args(extra)
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("starting ember-collector");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(address).is_err() {
-            assert!(Instant::now() < deadline, "collector not listening after 10 s");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Collector(child)
-    }
-
-    fn stop(mut self) {
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
-        let status = self.0.wait().unwrap();
-        assert!(status.success(), "collector exited with {status}");
-    }
-}
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// (agent, sequence) of every stored profile.
-fn stored(data: &Path) -> Vec<(String, u64)> {
-    let out = Command::new(collector_bin()).args(["list", "--data-dir", data.to_str().unwrap()]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let mut rows: Vec<(String, u64)> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f[0].to_string(), f[1].parse().unwrap())
-        })
-        .collect();
-    rows.sort();
-    rows
-}
 
 fn push_agent(address: SocketAddr, spool: &Path, extra: &[&str]) -> Agent {
     let url = format!("http://{address}");
@@ -81,15 +18,6 @@ fn push_agent(address: SocketAddr, spool: &Path, extra: &[&str]) -> Agent {
     let mut agent = Agent::spawn(&args);
     agent.wait_ready();
     agent
-}
-
-fn stop(agent: Agent) {
-    agent.signal(libc::SIGTERM);
-    agent.wait_success(Duration::from_secs(60));
-}
-
-fn spool_is_empty(spool: &Path) -> bool {
-    std::fs::read_dir(spool).unwrap().flatten().all(|e| e.path().extension().is_none_or(|x| x != "profile"))
 }
 
 #[test]
@@ -234,36 +162,6 @@ fn bad_pushes_are_refused_without_crashing_or_losing_what_is_stored() {
 }
 
 #[test]
-fn collector_answers_grpc_health_checks_and_reflection() {
-    use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest};
-    use tonic_reflection::pb::v1::{
-        server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest,
-        server_reflection_response::MessageResponse, ServerReflectionRequest,
-    };
-
-    let dir = TempDir::new("health");
-    let address = free_address();
-    let collector = Collector::start(address, &dir.path("data"));
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let (status, services) = runtime.block_on(async {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}")).unwrap().connect().await.unwrap();
-        let mut health = HealthClient::new(channel.clone());
-        let request = HealthCheckRequest { service: "ember.v1.Collector".into() };
-        let status = health.check(request).await.unwrap().into_inner().status;
-        let mut reflection = ServerReflectionClient::new(channel);
-        let request = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
-        let mut responses = reflection.server_reflection_info(tokio_stream::iter(vec![request])).await.unwrap().into_inner();
-        let response = responses.message().await.unwrap().expect("a reflection response");
-        let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else { panic!("not a service list") };
-        (status, list.service.into_iter().map(|s| s.name).collect::<Vec<_>>())
-    });
-    assert_eq!(status, ServingStatus::Serving as i32);
-    assert!(services.contains(&"ember.v1.Collector".to_string()), "{services:?}");
-    assert!(services.contains(&"grpc.health.v1.Health".to_string()), "{services:?}");
-    collector.stop();
-}
-
-#[test]
 fn a_collector_with_a_token_refuses_pushes_and_queries_without_it() {
     require_root();
     use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, PushRequest};
@@ -341,99 +239,26 @@ fn a_collector_pulls_from_an_agent_and_resumes_without_gaps_after_a_restart() {
     assert!(last + 2 >= made && last >= 8, "pulled {last} of {made} profiles");
 }
 
-/// A CA and a certificate it signed for localhost/127.0.0.1 (server and client use), made
-/// with openssl: (ca.pem, cert.pem, key.pem).
-fn make_pki(dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
-    let path = |file: &str| dir.join(format!("{name}-{file}"));
-    let openssl = |args: &[&str]| {
-        let out = Command::new("openssl").args(args).output().expect("running openssl");
-        assert!(out.status.success(), "openssl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
-    };
-    let s = |p: &std::path::PathBuf| p.to_str().unwrap().to_string();
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
-    openssl(&[&["req", "-x509"][..], &ec, &["-keyout", &s(&path("ca.key")), "-out", &s(&path("ca.pem")), "-days", "1", "-subj", &format!("/CN=ember-test-{name}-ca"), "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]].concat());
-    std::fs::write(path("ext.cnf"), "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n").unwrap();
-    openssl(&[&["req"][..], &ec, &["-keyout", &s(&path("key.pem")), "-out", &s(&path("csr.pem")), "-subj", "/CN=localhost"]].concat());
-    openssl(&[
-        "x509", "-req", "-in", &s(&path("csr.pem")), "-CA", &s(&path("ca.pem")), "-CAkey", &s(&path("ca.key")),
-        "-CAcreateserial", "-out", &s(&path("cert.pem")), "-days", "1", "-extfile", &s(&path("ext.cnf")),
-    ]);
-    (path("ca.pem"), path("cert.pem"), path("key.pem"))
-}
-
 #[test]
-fn tls_and_mutual_tls_accept_the_right_certificates_and_refuse_the_wrong_ones() {
+fn collector_and_pulled_agent_answer_grpc_health_checks_and_reflection() {
     require_root();
-    use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, PushRequest};
-    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
-
-    let dir = TempDir::new("tls");
-    let (ca, cert, key) = make_pki(&dir.0, "good");
-    let (other_ca, other_cert, other_key) = make_pki(&dir.0, "other");
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let push = |address: SocketAddr, ca: &Path, identity: Option<(&Path, &Path)>| {
-        runtime.block_on(async {
-            let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(std::fs::read(ca).unwrap())).domain_name("localhost");
-            if let Some((cert, key)) = identity {
-                tls = tls.identity(Identity::from_pem(std::fs::read(cert).unwrap(), std::fs::read(key).unwrap()));
-            }
-            let endpoint = Endpoint::from_shared(format!("https://localhost:{}", address.port())).unwrap().tls_config(tls).unwrap();
-            let channel = endpoint.connect().await.map_err(|e| e.to_string())?;
-            let agent = AgentIdentity { agent_id: "tls-test".into(), ..Default::default() };
-            CollectorClient::new(channel).push(PushRequest { agent: Some(agent), profiles: vec![] }).await.map(|_| ()).map_err(|s| s.to_string())
-        })
-    };
-    let tls_args = |mutual: bool| {
-        let mut args = vec!["--tls-cert".to_string(), cert.display().to_string(), "--tls-key".into(), key.display().to_string()];
-        if mutual {
-            args.extend(["--tls-client-ca".into(), ca.display().to_string()]);
-        }
-        args
-    };
-
-    // Server TLS: the right CA verifies the collector; another CA does not.
-    let address = free_address();
-    let args = tls_args(false);
-    let collector = Collector::start_with_http(address, free_address(), &dir.path("data1"), &args.iter().map(String::as_str).collect::<Vec<_>>());
-    assert_eq!(push(address, &ca, None), Ok(()));
-    assert!(push(address, &other_ca, None).is_err(), "a collector certificate from an unknown CA was accepted");
-    collector.stop();
-
-    // Mutual TLS: only agents with a certificate from the client CA get in.
-    let address = free_address();
-    let args = tls_args(true);
-    let collector = Collector::start_with_http(address, free_address(), &dir.path("data2"), &args.iter().map(String::as_str).collect::<Vec<_>>());
-    assert_eq!(push(address, &ca, Some((&cert, &key))), Ok(()));
-    assert!(push(address, &ca, None).is_err(), "an agent without a certificate was accepted");
-    assert!(push(address, &ca, Some((&other_cert, &other_key))).is_err(), "an agent certificate from another CA was accepted");
-
-    // The real agent pushes over mutual TLS.
+    let dir = TempDir::new("health");
+    let (address, agent_address) = (free_address(), free_address());
+    let collector = Collector::start(address, &dir.path("data"));
+    let serve = agent_address.to_string();
     let spool = dir.path("spool");
-    let url = format!("https://localhost:{}", address.port());
-    let agent_args = [
-        "run", "-F", "99", "--interval", "1s", "--push", &url, "--agent-id", "tls-agent", "--pid", "1", "--spool-dir",
-        spool.to_str().unwrap(), "--tls-ca", ca.to_str().unwrap(), "--tls-cert", cert.to_str().unwrap(), "--tls-key",
-        key.to_str().unwrap(),
-    ];
-    let mut agent = Agent::spawn(&agent_args);
+    let mut agent = Agent::spawn(&["run", "--interval", "1s", "--serve", &serve, "--pid", "1", "--spool-dir", spool.to_str().unwrap()]);
     agent.wait_ready();
-    std::thread::sleep(Duration::from_secs(3));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    for (address, service) in [(address, "ember.v1.Collector"), (agent_address, "ember.v1.Agent")] {
+        let (status, services) = runtime.block_on(async {
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}")).unwrap().connect().await.unwrap();
+            health_and_services(channel, service).await
+        });
+        assert_eq!(status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32, "{service}");
+        assert!(services.contains(&service.to_string()), "{services:?}");
+        assert!(services.contains(&"grpc.health.v1.Health".to_string()), "{services:?}");
+    }
     stop(agent);
-    assert!(spool_is_empty(&spool), "the agent could not push over mutual TLS");
     collector.stop();
-    assert!(stored(&dir.path("data2")).iter().filter(|(agent, _)| agent == "tls-agent").count() >= 3);
-}
-
-#[test]
-fn plaintext_off_this_host_must_be_asked_for() {
-    let agent = Command::new(ember_tests::agent_bin())
-        .args(["run", "--push", "http://collector.invalid:7070", "--pid", "1"])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&agent.stderr);
-    assert!(!agent.status.success() && stderr.contains("refusing to push plaintext"), "{stderr}");
-    let collector = Command::new(collector_bin()).args(["serve", "--listen", "0.0.0.0:0"]).output().unwrap();
-    let stderr = String::from_utf8_lossy(&collector.stderr);
-    assert!(!collector.status.success() && stderr.contains("refusing plaintext gRPC"), "{stderr}");
-    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
 }

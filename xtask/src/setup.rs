@@ -10,8 +10,16 @@ const TOOLCHAIN: &str = "1.95.0";
 const BPF_LINKER: &str = "0.10.4";
 /// protoc builds proto/; perf and bpftrace are the benchmark's peers; setpriv (util-linux)
 /// runs the agent unprivileged in a test.
-const APT_PACKAGES: [(&str, &str); 4] =
-    [("protoc", "protobuf-compiler"), ("perf", "linux-perf"), ("bpftrace", "bpftrace"), ("setpriv", "util-linux")];
+/// (program, Debian package): the build's protoc, the benchmarks' peers, and the tools the
+/// tests drive (setpriv, curl, openssl).
+const APT_PACKAGES: [(&str, &str); 6] = [
+    ("protoc", "protobuf-compiler"),
+    ("perf", "linux-perf"),
+    ("bpftrace", "bpftrace"),
+    ("setpriv", "util-linux"),
+    ("curl", "curl"),
+    ("openssl", "openssl"),
+];
 
 fn output(program: &str, args: &[&str]) -> Option<String> {
     let out = Command::new(program).args(args).output().ok()?;

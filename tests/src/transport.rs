@@ -1,0 +1,125 @@
+//! Transport helpers: a real `ember-collector` process, its store's contents, loopback
+//! addresses, test certificates, and gRPC health and reflection queries.
+use std::{
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::Path,
+    process::{Child, Command},
+    time::{Duration, Instant},
+};
+
+use crate::Agent;
+
+pub fn collector_bin() -> std::path::PathBuf {
+    crate::agent_bin().with_file_name("ember-collector")
+}
+
+/// A loopback port nobody listens on.
+pub fn free_address() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// A running collector, stopped (SIGINT) on drop.
+pub struct Collector(Child);
+
+impl Collector {
+    pub fn start(address: SocketAddr, data: &Path) -> Collector {
+        Collector::start_with_http(address, free_address(), data, &[])
+    }
+
+    /// Starts a collector whose log goes to `<data>.log`, shown if it does not come up.
+    pub fn start_with_http(address: SocketAddr, http: SocketAddr, data: &Path, extra: &[&str]) -> Collector {
+        let log = data.with_extension("log");
+        let child = Command::new(collector_bin())
+            .args(["serve", "--listen", &address.to_string(), "--http", &http.to_string()])
+            .args(["--data-dir", data.to_str().unwrap()])
+            .args(extra)
+            .stderr(std::fs::File::create(&log).expect("creating the collector log"))
+            .spawn()
+            .expect("starting ember-collector");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(address).is_err() {
+            let log = || std::fs::read_to_string(&log).unwrap_or_default();
+            assert!(Instant::now() < deadline, "collector not listening after 10 s: {}", log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Collector(child)
+    }
+
+    pub fn stop(mut self) {
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
+        let status = self.0.wait().unwrap();
+        assert!(status.success(), "collector exited with {status}");
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// (agent, sequence) of every stored profile.
+pub fn stored(data: &Path) -> Vec<(String, u64)> {
+    let out = Command::new(collector_bin()).args(["list", "--data-dir", data.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut rows: Vec<(String, u64)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[0].to_string(), f[1].parse().unwrap())
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// Stops an agent the way systemd does and waits for its clean exit.
+pub fn stop_agent(agent: Agent) {
+    agent.signal(libc::SIGTERM);
+    agent.wait_success(Duration::from_secs(60));
+}
+
+/// Whether a spool directory holds no profile files.
+pub fn spool_is_empty(spool: &Path) -> bool {
+    std::fs::read_dir(spool).unwrap().flatten().all(|e| e.path().extension().is_none_or(|x| x != "profile"))
+}
+
+/// Asks a gRPC server over `channel` for `service`'s health and for the services reflection
+/// lists: (serving status, service names).
+pub async fn health_and_services(channel: tonic::transport::Channel, service: &str) -> (i32, Vec<String>) {
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    use tonic_reflection::pb::v1::{
+        server_reflection_client::ServerReflectionClient, server_reflection_request::MessageRequest,
+        server_reflection_response::MessageResponse, ServerReflectionRequest,
+    };
+    let mut health = HealthClient::new(channel.clone());
+    let status = health.check(HealthCheckRequest { service: service.into() }).await.unwrap().into_inner().status;
+    let mut reflection = ServerReflectionClient::new(channel);
+    let request = ServerReflectionRequest { host: String::new(), message_request: Some(MessageRequest::ListServices(String::new())) };
+    let mut responses = reflection.server_reflection_info(tokio_stream::iter(vec![request])).await.unwrap().into_inner();
+    let response = responses.message().await.unwrap().expect("a reflection response");
+    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else { panic!("not a service list") };
+    (status, list.service.into_iter().map(|s| s.name).collect())
+}
+
+/// A CA and a certificate it signed for localhost/127.0.0.1 (server and client use), made
+/// with openssl: (ca.pem, cert.pem, key.pem).
+pub fn make_pki(dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let path = |file: &str| dir.join(format!("{name}-{file}"));
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).output().expect("running openssl");
+        assert!(out.status.success(), "openssl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    };
+    let s = |p: &std::path::PathBuf| p.to_str().unwrap().to_string();
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    openssl(&[&["req", "-x509"][..], &ec, &["-keyout", &s(&path("ca.key")), "-out", &s(&path("ca.pem")), "-days", "1", "-subj", &format!("/CN=ember-test-{name}-ca"), "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]].concat());
+    std::fs::write(path("ext.cnf"), "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n").unwrap();
+    openssl(&[&["req"][..], &ec, &["-keyout", &s(&path("key.pem")), "-out", &s(&path("csr.pem")), "-subj", "/CN=localhost"]].concat());
+    openssl(&[
+        "x509", "-req", "-in", &s(&path("csr.pem")), "-CA", &s(&path("ca.pem")), "-CAkey", &s(&path("ca.key")),
+        "-CAcreateserial", "-out", &s(&path("cert.pem")), "-days", "1", "-extfile", &s(&path("ext.cnf")),
+    ]);
+    (path("ca.pem"), path("cert.pem"), path("key.pem"))
+}
+
