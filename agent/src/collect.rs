@@ -6,10 +6,10 @@ use aya::maps::{MapData, RingBuf};
 use tokio::io::unix::AsyncFd;
 
 use crate::{
-    cgroups::CgroupNames,
     procs::ProcessTable,
     resolve::{resolve, DropReasons, ResolvedInterval},
     sampler::{Sampler, SamplerOptions},
+    targets::Targets,
     tracefs::Format,
 };
 
@@ -17,13 +17,13 @@ pub struct Collector {
     sampler: Sampler,
     process_events: AsyncFd<RingBuf<MapData>>,
     pub processes: ProcessTable,
-    cgroups: CgroupNames,
+    targets: Targets,
     drop_reasons: DropReasons,
 }
 
 impl Collector {
     /// Must be called inside a tokio runtime.
-    pub fn start(options: &SamplerOptions) -> Result<Collector> {
+    pub fn start(options: &SamplerOptions, targets: Targets) -> Result<Collector> {
         let (sampler, ring) = Sampler::start(options)?;
         let drop_reasons = if options.net.iter().any(|e| e.kind() == kind::KFREE_SKB) {
             Format::read("skb", "kfree_skb")?.symbols("reason")
@@ -38,7 +38,7 @@ impl Collector {
             sampler,
             process_events,
             processes: ProcessTable::default(),
-            cgroups: CgroupNames::new(),
+            targets,
             drop_reasons,
         })
     }
@@ -71,7 +71,7 @@ impl Collector {
     pub fn drain(&mut self) -> Result<ResolvedInterval> {
         self.read_process_events();
         let raw = self.sampler.drain()?;
-        let interval = resolve(raw, &mut self.processes, &mut self.cgroups, &self.drop_reasons);
+        let interval = resolve(raw, &mut self.processes, &mut self.targets, &self.drop_reasons);
         self.processes.sweep();
         Ok(interval)
     }

@@ -49,8 +49,10 @@ pub struct FileConfig {
     /// Pull mode: gRPC address to serve profiles on, and how many to keep.
     pub serve: Option<std::net::SocketAddr>,
     pub keep: Option<usize>,
-    /// Static labels on every pushed profile.
+    /// Static labels on every shipped profile.
     pub labels: Option<std::collections::HashMap<String, String>>,
+    /// Relabel rules applied to each sample's target labels, in order.
+    pub relabel: Option<Vec<crate::relabel::RuleConfig>>,
 }
 
 impl FileConfig {

@@ -23,6 +23,8 @@ use crate::{
     profiles::ProfileKind,
     otlp::Otlp,
     push::{self, Shipper},
+    relabel::Relabeler,
+    targets::Targets,
     serve,
     resolve::ResolvedInterval,
     sampler::{Event, NetEvent, OffCpuOptions, SamplerOptions},
@@ -260,6 +262,8 @@ where
     }
     let mut labels = file.labels.clone().unwrap_or_default();
     labels.entry("host".into()).or_insert_with(|| hostname.to_string());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    labels.entry("kernel".into()).or_insert_with(|| kernel.trim().to_string());
     Ok((Some(Shipping { spools, labels }), tasks))
 }
 
@@ -325,7 +329,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
     };
     let (shipping, shippers) = start_shipping(&args, &file, &hostname, push.as_deref(), serve, otlp.as_deref(), &until_stopped)?;
-    let mut collector = Collector::start(&options)?;
+    let mut collector = Collector::start(&options, Targets::new(Relabeler::new(file.relabel.as_deref().unwrap_or_default())?))?;
     let pipeline = Pipeline::spawn(options.event.name(), options.frequency, shipping);
     let kinds = profile_kinds(&options);
     let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();

@@ -14,11 +14,13 @@ mod procs;
 mod push;
 mod profiles;
 mod record;
+mod relabel;
 mod resolve;
 mod sampler;
 mod serve;
 mod spool;
 mod symbolize;
+mod targets;
 mod tracefs;
 
 use std::{path::PathBuf, process::ExitCode};

@@ -162,8 +162,10 @@ pub fn build(interval: &ResolvedInterval, symbols: &Symbolizer, info: &ProfileIn
             b.label_num(&format!("{prefix}tid"), sample.pid as i64),
             b.label_str(&format!("{prefix}comm"), &sample.comm),
             b.label_str(&format!("{prefix}process"), &sample.process),
-            b.label_str("cgroup", &sample.cgroup),
         ];
+        for (key, value) in sample.labels.iter() {
+            label.push(b.label_str(key, value));
+        }
         match kind {
             ProfileKind::OffCpu | ProfileKind::Wall => label.push(b.label_str("state", state_label(sample.kind, sample.state))),
             ProfileKind::NetTx | ProfileKind::NetRx => {
@@ -201,6 +203,7 @@ pub fn build(interval: &ResolvedInterval, symbols: &Symbolizer, info: &ProfileIn
     )];
     comments.extend(kind.comment().map(str::to_string));
     comments.extend(COUNTER_NAMES.iter().map(|(i, name)| format!("ember.counter.{name}={}", interval.counter(*i))));
+    comments.push(format!("ember.counter.relabel_dropped={}", interval.relabel_dropped));
     b.profile.comment = comments.iter().map(|c| b.string(c)).collect();
     b.profile
 }

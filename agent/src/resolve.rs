@@ -1,14 +1,15 @@
 //! Resolve: turns a drained interval's kernel ids (tgid, stack ids, cgroup id) into what the
 //! later stages need: processes, thread names, cgroup paths and user addresses as binary +
 //! file offset. Runs right after the drain, while short-lived processes may still exist.
-use std::{collections::HashMap, time::SystemTime};
+use std::{collections::HashMap, sync::Arc, time::SystemTime};
 
 use agent_common::{counter, kind, stack_status, SampleKey, SampleValue};
 
 use crate::{
-    cgroups::CgroupNames,
     procs::{ProcessTable, UserAddress},
+    relabel::Labels,
     sampler::RawInterval,
+    targets::Targets,
 };
 
 /// A frame position that holds no address: why a stack is missing.
@@ -52,7 +53,8 @@ pub struct ResolvedSample {
     pub pid: u32,
     pub comm: String,
     pub process: String,
-    pub cgroup: String,
+    /// The target's labels: cgroup, and what the cgroup path and pod metadata say.
+    pub labels: Arc<Labels>,
     /// Network device, for network kinds.
     pub device: String,
     /// Off-CPU: `block_state`. Transmits: `attribution`. Else 0.
@@ -70,6 +72,8 @@ pub struct ResolvedInterval {
     pub end: Option<SystemTime>,
     pub samples: Vec<ResolvedSample>,
     pub counters: [u64; counter::COUNT as usize],
+    /// Events of targets that relabel rules dropped.
+    pub relabel_dropped: u64,
 }
 
 impl ResolvedInterval {
@@ -81,6 +85,7 @@ impl ResolvedInterval {
         for (total, add) in self.counters.iter_mut().zip(other.counters) {
             *total += add;
         }
+        self.relabel_dropped += other.relabel_dropped;
     }
 
     pub fn counter(&self, index: u32) -> u64 {
@@ -91,30 +96,36 @@ impl ResolvedInterval {
 /// Names of kfree_skb drop reasons (from its tracepoint format), by value.
 pub type DropReasons = HashMap<u32, String>;
 
-pub fn resolve(raw: RawInterval, procs: &mut ProcessTable, cgroups: &mut CgroupNames, reasons: &DropReasons) -> ResolvedInterval {
+pub fn resolve(raw: RawInterval, procs: &mut ProcessTable, targets: &mut Targets, reasons: &DropReasons) -> ResolvedInterval {
+    let mut labels: HashMap<u64, Option<Arc<Labels>>> = HashMap::new();
+    let mut relabel_dropped = 0;
     let samples = raw
         .counts
         .iter()
-        .map(|(key, value)| {
+        .filter_map(|(key, value)| {
+            let Some(labels) = labels.entry(key.cgroup_id).or_insert_with(|| targets.labels(key.cgroup_id)).clone() else {
+                relabel_dropped += value.count;
+                return None;
+            };
             let process = procs.get(key.tgid).map(|p| p.name.clone()).unwrap_or_default();
             let reason = (key.kind == kind::KFREE_SKB)
                 .then(|| reasons.get(&key.aux).cloned().unwrap_or_else(|| format!("reason {}", key.aux)));
-            ResolvedSample {
+            Some(ResolvedSample {
                 kind: key.kind,
                 tgid: key.tgid,
                 pid: key.pid,
                 comm: c_string(&key.comm),
                 process,
-                cgroup: cgroups.name(key.cgroup_id),
+                labels,
                 device: c_string(&key.device),
                 state: key.aux,
                 reason,
                 stack: stack(key, &raw, procs),
                 value: *value,
-            }
+            })
         })
         .collect();
-    ResolvedInterval { start: raw.start, end: raw.end, samples, counters: raw.counters }
+    ResolvedInterval { start: raw.start, end: raw.end, samples, counters: raw.counters, relabel_dropped }
 }
 
 fn c_string(bytes: &[u8]) -> String {

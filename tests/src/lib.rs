@@ -43,6 +43,58 @@ pub fn cgroup2_root() -> PathBuf {
         .expect("no cgroup2 filesystem mounted")
 }
 
+/// cgroups a test makes under the cgroup2 root, inside one parent named for the test process,
+/// removed deepest first on drop (after the processes in them have exited).
+pub struct TestCgroups {
+    root: PathBuf,
+    made: Vec<PathBuf>,
+}
+
+impl TestCgroups {
+    pub fn new() -> TestCgroups {
+        TestCgroups { root: cgroup2_root().join(format!("ember-test-{}", std::process::id())), made: vec![] }
+    }
+
+    /// The parent's path relative to the cgroup2 root, as the agent labels it.
+    pub fn parent(&self) -> String {
+        format!("/{}", self.root.file_name().unwrap().to_string_lossy())
+    }
+
+    /// Makes `relative` (and its missing parents) under the test's parent; returns its path
+    /// relative to the cgroup2 root.
+    pub fn create(&mut self, relative: &str) -> String {
+        let mut dir = self.root.clone();
+        for part in std::iter::once("").chain(relative.split('/')) {
+            dir = dir.join(part);
+            if !dir.exists() {
+                std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("creating cgroup {}: {e}", dir.display()));
+                self.made.push(dir.clone());
+            }
+        }
+        format!("{}/{relative}", self.parent())
+    }
+
+    /// Moves a process into a cgroup made by `create`.
+    pub fn enter(&self, relative: &str, pid: u32) {
+        let procs = self.root.join(relative).join("cgroup.procs");
+        std::fs::write(&procs, pid.to_string()).unwrap_or_else(|e| panic!("moving {pid} into {}: {e}", procs.display()));
+    }
+}
+
+impl Default for TestCgroups {
+    fn default() -> Self {
+        TestCgroups::new()
+    }
+}
+
+impl Drop for TestCgroups {
+    fn drop(&mut self) {
+        for dir in self.made.iter().rev() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
 /// Two network namespaces made for a test, joined by a veth pair (`ember-va` in `a` with
 /// 10.77.1.1/24, `ember-vb` in `b` with 10.77.1.2/24); removed on drop. Traffic between
 /// them never leaves this machine.
