@@ -6,6 +6,7 @@ use aya::maps::{MapData, RingBuf};
 use tokio::io::unix::AsyncFd;
 
 use crate::{
+    metrics,
     procs::ProcessTable,
     resolve::{resolve, DropReasons, ResolvedInterval},
     sampler::{Sampler, SamplerOptions},
@@ -19,6 +20,8 @@ pub struct Collector {
     pub processes: ProcessTable,
     targets: Targets,
     drop_reasons: DropReasons,
+    /// Capacities of the counts and stacks maps, for the fill metrics.
+    capacity: (u32, u32),
 }
 
 impl Collector {
@@ -40,6 +43,7 @@ impl Collector {
             processes: ProcessTable::default(),
             targets,
             drop_reasons,
+            capacity: (options.max_keys, options.max_stacks),
         })
     }
 
@@ -71,8 +75,14 @@ impl Collector {
     pub fn drain(&mut self) -> Result<ResolvedInterval> {
         self.read_process_events();
         let raw = self.sampler.drain()?;
+        for (map, entries, capacity) in [("counts", raw.counts.len(), self.capacity.0), ("stacks", raw.stacks.len(), self.capacity.1)] {
+            metrics::set("ember_map_entries", &[("map", map)], entries as f64);
+            metrics::set("ember_map_capacity", &[("map", map)], capacity as f64);
+            metrics::set("ember_map_fill_ratio", &[("map", map)], entries as f64 / f64::from(capacity.max(1)));
+        }
         let interval = resolve(raw, &mut self.processes, &mut self.targets, &self.drop_reasons);
         self.processes.sweep();
+        metrics::set("ember_processes_tracked", &[], self.processes.len() as f64);
         Ok(interval)
     }
 }

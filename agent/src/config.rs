@@ -46,6 +46,8 @@ pub struct FileConfig {
     /// OTLP profiles receiver to export to, and headers ("name=value") on every export.
     pub otlp: Option<String>,
     pub otlp_headers: Option<Vec<String>>,
+    /// Status server (health, readiness, metrics) address.
+    pub http: Option<std::net::SocketAddr>,
     /// Pull mode: gRPC address to serve profiles on, and how many to keep.
     pub serve: Option<std::net::SocketAddr>,
     pub keep: Option<usize>,

@@ -22,8 +22,11 @@ use crate::{
     pipeline::{Pipeline, Shipping},
     profiles::ProfileKind,
     otlp::Otlp,
+    metrics,
+    pprof::COUNTER_NAMES,
     push::{self, Shipper},
     relabel::Relabeler,
+    status::{self, Health},
     targets::Targets,
     serve,
     resolve::ResolvedInterval,
@@ -87,6 +90,10 @@ pub struct RunArgs {
     /// A header on every OTLP export, name=value (repeat for several), e.g. a tenant id.
     #[arg(long)]
     otlp_header: Vec<String>,
+    /// Serve /healthz, /readyz and /metrics (Prometheus) over HTTP on this address (e.g.
+    /// 0.0.0.0:7073).
+    #[arg(long)]
+    http: Option<std::net::SocketAddr>,
     /// Pull mode: serve profiles to collectors on this gRPC address (e.g. 0.0.0.0:7072).
     #[arg(long)]
     serve: Option<std::net::SocketAddr>,
@@ -242,19 +249,19 @@ where
     };
     let (mut spools, mut tasks): (Vec<Arc<Spool>>, Vec<Task>) = (vec![], vec![]);
     if let Some(url) = push {
-        let spool = Arc::new(Spool::open(&spool_dir, max_bytes, usize::MAX)?);
+        let spool = Arc::new(Spool::open(&spool_dir, "collector", max_bytes, usize::MAX)?);
         let collector = push::Collector::new(security.client().endpoint(url, "collector")?, agent, security.token.as_deref())?;
         tasks.push(Shipper::new(collector, spool.clone()).spawn(until_stopped()));
         spools.push(spool);
     } else if let Some(address) = serve {
         let keep = args.keep.or(file.keep).unwrap_or(360);
-        let spool = Arc::new(Spool::open(&spool_dir, max_bytes, keep)?);
+        let spool = Arc::new(Spool::open(&spool_dir, "pull", max_bytes, keep)?);
         let tls = security.server().grpc(address)?;
         tasks.push(tokio::spawn(serve::serve(address, tls, security.token.clone(), spool.clone(), agent, until_stopped())));
         spools.push(spool);
     }
     if let Some(url) = otlp {
-        let spool = Arc::new(Spool::open(&spool_dir.join("otlp"), max_bytes, usize::MAX)?);
+        let spool = Arc::new(Spool::open(&spool_dir.join("otlp"), "otlp", max_bytes, usize::MAX)?);
         let headers = if args.otlp_header.is_empty() { file.otlp_headers.clone().unwrap_or_default() } else { args.otlp_header.clone() };
         let exporter = Otlp::new(security.client().endpoint(url, "OTLP receiver")?, &headers)?;
         tasks.push(Shipper::new(exporter, spool.clone()).spawn(until_stopped()));
@@ -276,9 +283,25 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// Logs every loss of the interval by reason; losses are also in the profile's comments.
+/// Logs every loss of the interval by reason (losses are also in the profile's comments), and
+/// counts what the kernel saw and lost in the metrics.
 pub fn report_losses(interval: &ResolvedInterval) {
     let lost = |i| interval.counter(i);
+    for (index, name) in COUNTER_NAMES {
+        let (metric, label) = match index {
+            counter::SAMPLES => ("ember_samples_total", None),
+            counter::NET_EVENTS | counter::OFF_CPU_BLOCKS | counter::IDLE | counter::FILTERED | counter::OFF_CPU_OUT_OF_RANGE => {
+                ("ember_events_total", Some("event"))
+            }
+            _ => ("ember_lost_total", Some("reason")),
+        };
+        let labels: Vec<(&str, &str)> = label.map(|l| (l, name)).into_iter().collect();
+        metrics::add(metric, &labels, lost(index) as f64);
+    }
+    metrics::add("ember_lost_total", &[("reason", "relabel_dropped")], interval.relabel_dropped as f64);
+    metrics::add("ember_intervals_total", &[], 1.0);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    metrics::set("ember_last_interval_timestamp_seconds", &[], now.as_secs_f64());
     if lost(counter::MAP_FULL) > 0 {
         tracing::warn!(lost = lost(counter::MAP_FULL), "samples lost: counts map full (raise max_keys)");
     }
@@ -328,8 +351,17 @@ pub async fn run(args: RunArgs) -> Result<()> {
             let _ = stopped.wait_for(|s| *s).await;
         }
     };
-    let (shipping, shippers) = start_shipping(&args, &file, &hostname, push.as_deref(), serve, otlp.as_deref(), &until_stopped)?;
-    let mut collector = Collector::start(&options, Targets::new(Relabeler::new(file.relabel.as_deref().unwrap_or_default())?))?;
+    let (shipping, mut shippers) = start_shipping(&args, &file, &hostname, push.as_deref(), serve, otlp.as_deref(), &until_stopped)?;
+    let relabel = Relabeler::new(file.relabel.as_deref().unwrap_or_default())?;
+    metrics::set("ember_build_info", &[("version", env!("CARGO_PKG_VERSION"))], 1.0);
+    let health = Health::new(every);
+    if let Some(address) = args.http.or(file.http) {
+        // Up before the programs load, so probes see "live, not ready" meanwhile.
+        let listener = status::bind(address).await?;
+        shippers.push(tokio::spawn(status::serve(listener, health.clone(), until_stopped())));
+    }
+    let mut collector = Collector::start(&options, Targets::new(relabel))?;
+    health.set_ready();
     let pipeline = Pipeline::spawn(options.event.name(), options.frequency, shipping);
     let kinds = profile_kinds(&options);
     let names: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
@@ -352,6 +384,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
         }
         let interval = collector.drain()?;
+        health.tick();
         report_losses(&interval);
         let start = interval.start.unwrap_or_else(std::time::SystemTime::now);
         let outputs = |kind: &ProfileKind| match &dir {

@@ -50,7 +50,7 @@ impl Otlp {
 }
 
 impl Destination for Otlp {
-    const NAME: &'static str = "OTLP receiver";
+    const NAME: &'static str = "otlp";
 
     async fn send(&mut self, profiles: Vec<ember::Profile>) -> Result<u64, Status> {
         let last = profiles.last().map_or(0, |p| p.sequence);

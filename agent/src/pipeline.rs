@@ -12,6 +12,7 @@ use std::{
 use anyhow::{Context as _, Result};
 
 use crate::{
+    metrics,
     output::{write_atomic, Outputs},
     pprof::{self, ProfileInfo},
     profiles::ProfileKind,
@@ -62,6 +63,8 @@ impl Pipeline {
                 let info = ProfileInfo { event, frequency };
                 for job in queue {
                     let result = process(&mut symbolizer, &info, &job.interval, &job.plan, shipping.as_ref());
+                    metrics::set("ember_symbol_cache_hits_total", &[], symbolizer.hits as f64);
+                    metrics::set("ember_symbol_cache_misses_total", &[], symbolizer.misses as f64);
                     match job.done {
                         Some(done) => {
                             let _ = done.send(result);
@@ -143,7 +146,7 @@ fn write_profile(
         };
         for spool in &shipping.spools {
             let sequence = spool.append(spooled.clone())?;
-            written.files.push(format!("spool {} #{sequence}", spool.name()));
+            written.files.push(format!("spool {} #{sequence}", spool.sink()));
         }
     }
     if let Some(path) = &outputs.pprof {

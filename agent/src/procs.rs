@@ -132,6 +132,10 @@ impl ProcessTable {
         Some(binary)
     }
 
+    pub fn len(&self) -> usize {
+        self.processes.len()
+    }
+
     pub fn get(&self, tgid: u32) -> Option<&Process> {
         self.processes.get(&tgid)
     }

@@ -15,7 +15,7 @@ use tonic::{
     Code, Status,
 };
 
-use crate::spool::Spool;
+use crate::{metrics, spool::Spool};
 
 const BATCH: usize = 16;
 const IDLE_POLL: Duration = Duration::from_millis(500);
@@ -78,7 +78,14 @@ impl<D: Destination> Shipper<D> {
     async fn send_batch(&mut self) -> Result<bool, Status> {
         let profiles = self.spool.oldest(BATCH).map_err(spool_error)?;
         let Some(last) = profiles.last().map(|p| p.sequence) else { return Ok(false) };
-        match self.destination.send(profiles).await {
+        let started = std::time::Instant::now();
+        let sent = self.destination.send(profiles).await;
+        metrics::add("ember_ship_seconds_sum", &[("sink", D::NAME)], started.elapsed().as_secs_f64());
+        metrics::add("ember_ship_seconds_count", &[("sink", D::NAME)], 1.0);
+        if sent.as_ref().is_err_and(|status| status.code() != Code::InvalidArgument) {
+            metrics::add("ember_ship_failures_total", &[("sink", D::NAME)], 1.0);
+        }
+        match sent {
             Ok(stored) => {
                 self.spool.remove_through(stored).map_err(spool_error)?;
                 Ok(true)
@@ -87,6 +94,7 @@ impl<D: Destination> Shipper<D> {
             // rather than block every later profile behind it.
             Err(status) if status.code() == Code::InvalidArgument => {
                 tracing::error!("{} refused profiles up to {last}: {}", D::NAME, status.message());
+                metrics::add("ember_lost_total", &[("reason", "refused"), ("sink", D::NAME)], 1.0);
                 self.spool.remove_through(last).map_err(spool_error)?;
                 Ok(true)
             }

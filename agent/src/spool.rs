@@ -12,12 +12,14 @@ use anyhow::{Context as _, Result};
 use ember_proto::ember::Profile;
 use prost::Message;
 
-use crate::output::write_atomic;
+use crate::{metrics, output::write_atomic};
 
 const NEXT_SEQUENCE: &str = "next-sequence";
 const EXTENSION: &str = "profile";
 
 pub struct Spool {
+    /// The sink it feeds ("collector", "pull", "otlp"), for logs and metrics.
+    sink: &'static str,
     dir: PathBuf,
     max_bytes: u64,
     /// Pull mode: keep only the newest this many (collectors fetch, nobody deletes).
@@ -32,14 +34,16 @@ struct State {
 }
 
 impl Spool {
-    pub fn open(dir: &Path, max_bytes: u64, max_count: usize) -> Result<Spool> {
+    pub fn open(dir: &Path, sink: &'static str, max_bytes: u64, max_count: usize) -> Result<Spool> {
         fs::create_dir_all(dir).with_context(|| format!("creating spool directory {}", dir.display()))?;
         let stored = fs::read_to_string(dir.join(NEXT_SEQUENCE)).ok().and_then(|s| s.trim().parse().ok());
         // The counter file is written before any profile file, so it is never behind; the
         // scan only matters if it was lost.
         let highest = Self::files(dir)?.last().map(|(seq, _)| *seq).unwrap_or(0);
         let next_sequence = stored.unwrap_or(1).max(highest + 1);
-        Ok(Spool { dir: dir.to_path_buf(), max_bytes, max_count, state: Mutex::new(State { next_sequence, dropped: 0 }) })
+        let spool = Spool { sink, dir: dir.to_path_buf(), max_bytes, max_count, state: Mutex::new(State { next_sequence, dropped: 0 }) };
+        spool.report(&Self::files(dir)?);
+        Ok(spool)
     }
 
     /// Spooled files, oldest first.
@@ -72,14 +76,22 @@ impl Spool {
             total -= fs::metadata(&oldest).map(|m| m.len()).unwrap_or(0);
             fs::remove_file(&oldest).with_context(|| format!("dropping {}", oldest.display()))?;
             state.dropped += 1;
-            tracing::warn!(sequence = seq, dropped_total = state.dropped, "spool full: dropped the oldest profile");
+            metrics::add("ember_lost_total", &[("reason", "spool_full"), ("sink", self.sink)], 1.0);
+            tracing::warn!(sink = self.sink, sequence = seq, dropped_total = state.dropped, "spool full: dropped the oldest profile");
         }
+        self.report(&files);
         Ok(profile.sequence)
     }
 
-    /// The spool's directory name, for logs.
-    pub fn name(&self) -> String {
-        self.dir.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+    pub fn sink(&self) -> &'static str {
+        self.sink
+    }
+
+    /// Sets the spool's size metrics.
+    fn report(&self, files: &[(u64, PathBuf)]) {
+        let bytes: u64 = files.iter().filter_map(|(_, p)| fs::metadata(p).ok()).map(|m| m.len()).sum();
+        metrics::set("ember_spool_profiles", &[("sink", self.sink)], files.len() as f64);
+        metrics::set("ember_spool_bytes", &[("sink", self.sink)], bytes as f64);
     }
 
     /// Up to `limit` spooled profiles, oldest first.
@@ -104,11 +116,15 @@ impl Spool {
     /// Forgets every profile up to and including `sequence`.
     pub fn remove_through(&self, sequence: u64) -> Result<()> {
         let _state = self.state.lock().expect("spool lock");
+        let mut left = Vec::new();
         for (seq, path) in Self::files(&self.dir)? {
             if seq <= sequence {
                 fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+            } else {
+                left.push((seq, path));
             }
         }
+        self.report(&left);
         Ok(())
     }
 }
@@ -125,12 +141,12 @@ mod tests {
     fn sequences_survive_restart_and_full_spools_drop_the_oldest() {
         let dir = std::env::temp_dir().join(format!("ember-spool-test-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
-        let spool = Spool::open(&dir, 10_000, usize::MAX).unwrap();
+        let spool = Spool::open(&dir, "test", 10_000, usize::MAX).unwrap();
         assert_eq!(spool.append(profile(100)).unwrap(), 1);
         assert_eq!(spool.append(profile(100)).unwrap(), 2);
         spool.remove_through(2).unwrap();
         // Reopened empty: numbering goes on, so the collector cannot mistake new for old.
-        let spool = Spool::open(&dir, 10_000, usize::MAX).unwrap();
+        let spool = Spool::open(&dir, "test", 10_000, usize::MAX).unwrap();
         assert_eq!(spool.append(profile(4_000)).unwrap(), 3);
         assert_eq!(spool.append(profile(4_000)).unwrap(), 4);
         assert_eq!(spool.append(profile(4_000)).unwrap(), 5);
@@ -138,7 +154,7 @@ mod tests {
         assert_eq!(left, [4, 5], "the oldest is dropped when the spool is over 10 kB");
         assert_eq!(spool.state.lock().unwrap().dropped, 1);
         // Pull mode keeps the newest N.
-        let spool = Spool::open(&dir, u64::MAX, 2).unwrap();
+        let spool = Spool::open(&dir, "test", u64::MAX, 2).unwrap();
         spool.append(profile(10)).unwrap();
         let left: Vec<u64> = spool.after(4, 10).unwrap().iter().map(|p| p.sequence).collect();
         assert_eq!(left, [5, 6]);

@@ -205,8 +205,14 @@ pub struct Agent {
 
 impl Agent {
     pub fn spawn(args: &[&str]) -> Agent {
-        let mut child = Command::new(agent_bin())
-            .args(args)
+        let mut command = Command::new(agent_bin());
+        command.args(args);
+        Agent::spawn_command(command)
+    }
+
+    /// Runs the agent as `command` says (e.g. under setpriv with fewer privileges).
+    pub fn spawn_command(mut command: Command) -> Agent {
+        let mut child = command
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

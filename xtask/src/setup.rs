@@ -12,14 +12,18 @@ const BPF_LINKER: &str = "0.10.4";
 /// runs the agent unprivileged in a test.
 /// (program, Debian package): the build's protoc, the benchmarks' peers, and the tools the
 /// tests drive (setpriv, curl, openssl).
-const APT_PACKAGES: [(&str, &str); 6] = [
+const APT_PACKAGES: [(&str, &str); 7] = [
     ("protoc", "protobuf-compiler"),
     ("perf", "linux-perf"),
     ("bpftrace", "bpftrace"),
     ("setpriv", "util-linux"),
     ("curl", "curl"),
     ("openssl", "openssl"),
+    ("systemd-analyze", "systemd"),
 ];
+
+/// (Python module, PyPI package): the deploy tests validate the Kubernetes manifests with it.
+const PIP_PACKAGES: [(&str, &str); 1] = [("kubernetes_validate", "kubernetes-validate==1.37.0")];
 
 fn output(program: &str, args: &[&str]) -> Option<String> {
     let out = Command::new(program).args(args).output().ok()?;
@@ -51,6 +55,15 @@ pub fn setup() -> Result<()> {
         println!("setup: installing {} (apt)", missing.join(" "));
         run(Command::new("apt-get").args(["update", "-qq"]))?;
         run(Command::new("apt-get").args(["install", "-y", "-qq", "--no-install-recommends"]).args(&missing).env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+
+    for (module, package) in PIP_PACKAGES {
+        if output("python3", &["-c", &format!("import {module}")]).is_some() {
+            println!("setup: ok    {module}");
+        } else {
+            println!("setup: installing {package} (pip)");
+            run(Command::new("python3").args(["-m", "pip", "install", "--quiet", package]))?;
+        }
     }
 
     if Path::new("/sys/kernel/tracing/events").is_dir() {

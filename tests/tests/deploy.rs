@@ -1,0 +1,111 @@
+//! Deployment: the systemd units verify, the Kubernetes manifests validate against the
+//! Kubernetes schemas, and the agent runs with only the capabilities its unit grants, as an
+//! unprivileged user, profiling correctly and serving health, readiness and metrics.
+use std::{path::Path, process::Command, time::Duration};
+
+use ember_tests::{
+    agent_bin, http_get, require_root,
+    transport::{collector_bin, free_address, stop_agent},
+    Agent, Decoded, Fixture, TempDir,
+};
+
+const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
+const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
+
+#[test]
+fn systemd_units_verify() {
+    let dir = TempDir::new("units");
+    for (unit, installed, built) in [
+        ("ember-agent.service", "/usr/local/bin/ember-agent", agent_bin()),
+        ("ember-collector.service", "/usr/local/bin/ember-collector", collector_bin()),
+    ] {
+        // systemd-analyze checks that ExecStart exists: point it at the built binary.
+        let text = std::fs::read_to_string(Path::new(DEPLOY).join("systemd").join(unit)).unwrap();
+        assert!(text.contains(installed), "{unit} does not run {installed}");
+        let copy = dir.path(unit);
+        std::fs::write(&copy, text.replace(installed, built.to_str().unwrap())).unwrap();
+        let out = Command::new("systemd-analyze").arg("verify").arg(&copy).output().expect("running systemd-analyze");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // Unknown keys are only warnings to systemd: any output is a failure here.
+        assert!(out.status.success() && stderr.trim().is_empty(), "{unit}: {stderr}");
+    }
+}
+
+#[test]
+fn kubernetes_manifests_validate_against_the_schemas() {
+    let manifests: Vec<_> = std::fs::read_dir(Path::new(DEPLOY).join("kubernetes")).unwrap().flatten().map(|e| e.path()).collect();
+    assert!(manifests.len() >= 5, "{manifests:?}");
+    for version in ["1.30.0", "1.37.0"] {
+        let out = Command::new("python3")
+            .args(["-m", "kubernetes_validate", "--strict", "--quiet", "-k", version])
+            .args(&manifests)
+            .output()
+            .expect("running kubernetes-validate (installed by `cargo xtask setup`)");
+        assert!(out.status.success(), "Kubernetes {version}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+/// The capabilities the agent's unit grants, as setpriv names them ("+bpf,+perfmon,...").
+fn unit_capabilities() -> String {
+    let unit = std::fs::read_to_string(Path::new(DEPLOY).join("systemd/ember-agent.service")).unwrap();
+    let line = unit.lines().find_map(|l| l.strip_prefix("AmbientCapabilities=")).expect("AmbientCapabilities in the unit");
+    let bounding = unit.lines().find_map(|l| l.strip_prefix("CapabilityBoundingSet=")).expect("CapabilityBoundingSet in the unit");
+    assert_eq!(line, bounding, "the unit grants what it bounds");
+    line.split_whitespace().map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase())).collect::<Vec<_>>().join(",")
+}
+
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no {series} in the metrics:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn agent_with_only_the_units_capabilities_profiles_and_serves_health_and_metrics() {
+    require_root();
+    let dir = TempDir::new("least-privilege");
+    // The unprivileged user writes here.
+    std::fs::set_permissions(&dir.0, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let caps = unit_capabilities();
+    let (status, collector) = (free_address(), free_address());
+    let (local, spool) = (dir.path("local"), dir.path("spool"));
+    let mut fixture = Fixture::spawn(FIXTURE, "split", 2.0);
+    let pid = fixture.pid();
+    let mut command = Command::new("setpriv");
+    command
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--no-new-privs"])
+        .args([format!("--inh-caps=-all,{caps}"), format!("--ambient-caps=-all,{caps}"), format!("--bounding-set=-all,{caps}")])
+        .arg(agent_bin())
+        .args(["run", "--config", &format!("{DEPLOY}/agent.toml"), "-F", "99", "--interval", "1s"])
+        .args(["--push", &format!("http://{collector}"), "--spool-dir", spool.to_str().unwrap()])
+        .args(["--output-dir", local.to_str().unwrap(), "--http", &status.to_string()]);
+    let mut agent = Agent::spawn_command(command);
+    agent.wait_ready();
+    assert_eq!(http_get(status, "/readyz"), (200, b"ok\n".to_vec()));
+    fixture.start();
+    fixture.finish();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(http_get(status, "/healthz"), (200, b"ok\n".to_vec()));
+    let (code, body) = http_get(status, "/metrics");
+    let metrics = String::from_utf8(body).unwrap();
+    assert_eq!(code, 200);
+    assert!(metric(&metrics, "ember_samples_total") > 100.0);
+    assert!(metric(&metrics, "ember_intervals_total") >= 2.0);
+    assert_eq!(metric(&metrics, "ember_lost_total{reason=\"map_full\"}"), 0.0);
+    assert_eq!(metric(&metrics, "ember_map_capacity{map=\"counts\"}"), 10240.0);
+    assert!(metric(&metrics, "ember_map_fill_ratio{map=\"counts\"}") > 0.0);
+    assert!(metric(&metrics, "ember_processes_tracked") >= 1.0);
+    assert!(metric(&metrics, "ember_symbol_cache_misses_total") > 0.0);
+    // No collector listens: profiles wait in the spool, and the failures are counted.
+    assert!(metric(&metrics, "ember_spool_profiles{sink=\"collector\"}") >= 2.0);
+    assert!(metric(&metrics, "ember_ship_failures_total{sink=\"collector\"}") >= 1.0);
+    stop_agent(agent);
+
+    // The deploy config's relabel rule and the fixture's named frames, under least privilege.
+    let profiles: Vec<Decoded> = std::fs::read_dir(&local).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("cpu-")).map(|e| Decoded::read(&e.path())).collect();
+    let samples: Vec<_> = profiles.iter().flat_map(|p| p.samples_of(pid)).collect();
+    assert!(Decoded::total(&samples) > 50, "{} fixture samples", Decoded::total(&samples));
+    assert!(samples.iter().any(|s| s.has_function("fixture::hot_a")), "the fixture's frames are not named");
+}
