@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use anyhow::{Context as _, Result};
 use ember_proto::{ember, pprof};
+use ember_pprof::StringIndex;
 use opentelemetry_proto::tonic::{
     collector::profiles::v1development::{profiles_service_client::ProfilesServiceClient, ExportProfilesServiceRequest},
     common::v1::{any_value::Value, AnyValue, InstrumentationScope, KeyValue},
@@ -71,7 +72,7 @@ impl Destination for Otlp {
 #[derive(Default)]
 struct Dictionary {
     tables: ProfilesDictionary,
-    strings: HashMap<String, i32>,
+    strings: StringIndex,
     mappings: HashMap<(u64, u64, u64, i32, i32), i32>,
     functions: HashMap<(i32, i32, i32, i64), i32>,
     locations: HashMap<(i32, u64, Vec<(i32, i64)>), i32>,
@@ -97,13 +98,7 @@ impl Dictionary {
     }
 
     fn string(&mut self, s: &str) -> i32 {
-        if let Some(&i) = self.strings.get(s) {
-            return i;
-        }
-        let i = index(self.tables.string_table.len());
-        self.tables.string_table.push(s.to_string());
-        self.strings.insert(s.to_string(), i);
-        i
+        index(self.strings.intern(&mut self.tables.string_table, s) as usize)
     }
 
     /// A string attribute (`num` is None) or an integer one with an optional unit.
@@ -132,7 +127,7 @@ impl Dictionary {
 
     /// Adds one pprof profile's tables; returns its location ids mapped to OTLP indices.
     fn add_locations(&mut self, profile: &pprof::Profile) -> HashMap<u64, i32> {
-        let text = |i: i64| profile.string_table.get(i as usize).map_or("", String::as_str);
+        let text = |i| text(profile, i);
         let mut mappings = HashMap::new();
         for m in &profile.mapping {
             let filename = self.string(text(m.filename));
@@ -187,7 +182,7 @@ pub fn export_request(spooled: &[ember::Profile]) -> Result<ExportProfilesServic
     for item in spooled {
         let profile = ember_pprof::decode_gzip(&item.pprof_gzip, MAX_DECOMPRESSED)
             .with_context(|| format!("spooled profile {} is not a valid pprof", item.sequence))?;
-        let text = |i: i64| profile.string_table.get(i as usize).map_or("", String::as_str);
+        let text = |i| text(&profile, i);
         let locations = d.add_locations(&profile);
         let samples: Vec<(i32, Vec<i32>, &Vec<i64>)> = profile
             .sample
@@ -257,8 +252,13 @@ fn value_type(d: &mut Dictionary, kind: &str, unit: &str) -> ValueType {
     ValueType { type_strindex: d.string(kind), unit_strindex: d.string(unit) }
 }
 
+/// A pprof string by index ("" when out of range: decode_gzip validated the profile).
+fn text(profile: &pprof::Profile, index: i64) -> &str {
+    profile.string_table.get(index as usize).map_or("", String::as_str)
+}
+
 fn label_attribute(d: &mut Dictionary, profile: &pprof::Profile, label: &pprof::Label) -> i32 {
-    let text = |i: i64| profile.string_table.get(i as usize).map_or("", String::as_str);
+    let text = |i| text(profile, i);
     if label.str != 0 {
         d.attribute(text(label.key), text(label.str), None, "")
     } else {

@@ -7,10 +7,9 @@ use std::{future::Future, sync::Arc, time::Duration};
 use anyhow::Result;
 use ember_proto::{
     ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest},
-    security::bearer,
+    security::Bearer,
 };
 use tonic::{
-    metadata::{Ascii, MetadataValue},
     transport::{Channel, Endpoint},
     Code, Status,
 };
@@ -40,14 +39,13 @@ pub fn channel(endpoint: Endpoint) -> Channel {
 pub struct Collector {
     client: CollectorClient<Channel>,
     agent: AgentIdentity,
-    /// `Bearer <token>`, sent with every push when the collector requires one.
-    authorization: Option<MetadataValue<Ascii>>,
+    /// Sent with every push when the collector requires a token.
+    bearer: Bearer,
 }
 
 impl Collector {
     pub fn new(endpoint: Endpoint, agent: AgentIdentity, token: Option<&str>) -> Result<Collector> {
-        let authorization = token.map(bearer).transpose()?;
-        Ok(Collector { client: CollectorClient::new(channel(endpoint)), agent, authorization })
+        Ok(Collector { client: CollectorClient::new(channel(endpoint)), agent, bearer: Bearer::new(token)? })
     }
 }
 
@@ -55,10 +53,7 @@ impl Destination for Collector {
     const NAME: &'static str = "collector";
 
     async fn send(&mut self, profiles: Vec<Profile>) -> Result<u64, Status> {
-        let mut request = tonic::Request::new(PushRequest { agent: Some(self.agent.clone()), profiles });
-        if let Some(authorization) = &self.authorization {
-            request.metadata_mut().insert("authorization", authorization.clone());
-        }
+        let request = self.bearer.request(PushRequest { agent: Some(self.agent.clone()), profiles });
         Ok(self.client.push(request).await?.into_inner().stored_through)
     }
 }

@@ -42,7 +42,8 @@ impl Spool {
         let highest = Self::files(dir)?.last().map(|(seq, _)| *seq).unwrap_or(0);
         let next_sequence = stored.unwrap_or(1).max(highest + 1);
         let spool = Spool { sink, dir: dir.to_path_buf(), max_bytes, max_count, state: Mutex::new(State { next_sequence, dropped: 0 }) };
-        spool.report(&Self::files(dir)?);
+        let files = Self::files(dir)?;
+        spool.report(files.len(), bytes(&files));
         Ok(spool)
     }
 
@@ -70,7 +71,7 @@ impl Spool {
         let path = self.dir.join(format!("{:020}.{EXTENSION}", profile.sequence));
         write_atomic(&path, &profile.encode_to_vec())?;
         let mut files = Self::files(&self.dir)?;
-        let mut total: u64 = files.iter().filter_map(|(_, p)| fs::metadata(p).ok()).map(|m| m.len()).sum();
+        let mut total = bytes(&files);
         while (total > self.max_bytes || files.len() > self.max_count) && files.len() > 1 {
             let (seq, oldest) = files.remove(0);
             total -= fs::metadata(&oldest).map(|m| m.len()).unwrap_or(0);
@@ -79,7 +80,7 @@ impl Spool {
             metrics::add("ember_lost_total", &[("reason", "spool_full"), ("sink", self.sink)], 1.0);
             tracing::warn!(sink = self.sink, sequence = seq, dropped_total = state.dropped, "spool full: dropped the oldest profile");
         }
-        self.report(&files);
+        self.report(files.len(), total);
         Ok(profile.sequence)
     }
 
@@ -88,9 +89,8 @@ impl Spool {
     }
 
     /// Sets the spool's size metrics.
-    fn report(&self, files: &[(u64, PathBuf)]) {
-        let bytes: u64 = files.iter().filter_map(|(_, p)| fs::metadata(p).ok()).map(|m| m.len()).sum();
-        metrics::set("ember_spool_profiles", &[("sink", self.sink)], files.len() as f64);
+    fn report(&self, profiles: usize, bytes: u64) {
+        metrics::set("ember_spool_profiles", &[("sink", self.sink)], profiles as f64);
         metrics::set("ember_spool_bytes", &[("sink", self.sink)], bytes as f64);
     }
 
@@ -124,9 +124,14 @@ impl Spool {
                 left.push((seq, path));
             }
         }
-        self.report(&left);
+        self.report(left.len(), bytes(&left));
         Ok(())
     }
+}
+
+/// Total size of spooled files.
+fn bytes(files: &[(u64, PathBuf)]) -> u64 {
+    files.iter().filter_map(|(_, p)| fs::metadata(p).ok()).map(|m| m.len()).sum()
 }
 
 #[cfg(test)]

@@ -6,12 +6,9 @@ use std::{sync::Arc, time::Duration};
 use anyhow::{Context as _, Result};
 use ember_proto::{
     ember::{agent_client::AgentClient, IdentityRequest, PullRequest},
-    security::{bearer, ClientSecurity},
+    security::{Bearer, ClientSecurity},
 };
-use tonic::{
-    metadata::{Ascii, MetadataValue},
-    transport::Endpoint,
-};
+use tonic::transport::Endpoint;
 
 use crate::{
     service::{check, now_ns},
@@ -24,22 +21,14 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 pub struct Source {
     url: String,
     endpoint: Endpoint,
-    authorization: Option<MetadataValue<Ascii>>,
+    /// Sent with every request when the agent requires a token.
+    bearer: Bearer,
 }
 
 impl Source {
     pub fn new(url: String, security: &ClientSecurity, token: Option<&str>) -> Result<Source> {
         let endpoint = security.endpoint(&url, "agent to pull from")?;
-        Ok(Source { url, endpoint, authorization: token.map(bearer).transpose()? })
-    }
-
-    /// A request with the token, when agents require one.
-    fn request<T>(&self, message: T) -> tonic::Request<T> {
-        let mut request = tonic::Request::new(message);
-        if let Some(authorization) = &self.authorization {
-            request.metadata_mut().insert("authorization", authorization.clone());
-        }
-        request
+        Ok(Source { url, endpoint, bearer: Bearer::new(token)? })
     }
 }
 
@@ -67,14 +56,14 @@ pub async fn pull_forever(source: Source, store: Arc<Store>, stop: impl std::fut
 async fn pull_once(source: &Source, store: &Arc<Store>) -> Result<()> {
     let channel = source.endpoint.connect().await.with_context(|| format!("connecting to agent {}", source.url))?;
     let mut client = AgentClient::new(channel);
-    let agent = client.identity(source.request(IdentityRequest {})).await?.into_inner();
+    let agent = client.identity(source.bearer.request(IdentityRequest {})).await?.into_inner();
     let id = agent.agent_id.clone();
     let after = {
         let store = store.clone();
         tokio::task::spawn_blocking(move || store.stored_through(&id)).await??
     };
     tracing::info!(agent = agent.agent_id, after, "pulling");
-    let mut stream = client.pull(source.request(PullRequest { after_sequence: after })).await?.into_inner();
+    let mut stream = client.pull(source.bearer.request(PullRequest { after_sequence: after })).await?.into_inner();
     while let Some(profile) = stream.message().await? {
         if let Err(why) = check(&profile, now_ns()) {
             tracing::warn!(agent = agent.agent_id, sequence = profile.sequence, "refused a pulled profile: {why}");

@@ -23,9 +23,24 @@ pub fn read_token(path: &Path) -> Result<String> {
     Ok(token)
 }
 
-/// The `authorization` header value that carries a token.
-pub fn bearer(token: &str) -> Result<MetadataValue<Ascii>> {
-    format!("Bearer {token}").parse().context("the token has characters not allowed in a header")
+/// What a client sends as `authorization: Bearer <token>`, when it has a token.
+#[derive(Debug, Clone, Default)]
+pub struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl Bearer {
+    pub fn new(token: Option<&str>) -> Result<Bearer> {
+        let header = token.map(|t| format!("Bearer {t}").parse().context("the token has characters not allowed in a header"));
+        Ok(Bearer(header.transpose()?))
+    }
+
+    /// A request carrying the token.
+    pub fn request<T>(&self, message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Some(header) = &self.0 {
+            request.metadata_mut().insert("authorization", header.clone());
+        }
+        request
+    }
 }
 
 /// Whether a request carries `authorization: Bearer <token>` (when a token is configured).

@@ -452,6 +452,17 @@ impl Decoded {
         Decoded { profile, samples }
     }
 
+    /// Every profile of one kind the daemon wrote into `dir` (`<kind>-<UTC start>.pb.gz`).
+    pub fn read_kind(dir: &Path, kind: &str) -> Vec<Decoded> {
+        let prefix = format!("{kind}-");
+        std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .map(|e| Decoded::read(&e.path()))
+            .collect()
+    }
+
     pub fn string(&self, index: i64) -> &str {
         &self.profile.string_table[index as usize]
     }

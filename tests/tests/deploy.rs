@@ -104,7 +104,7 @@ fn agent_with_only_the_units_capabilities_profiles_and_serves_health_and_metrics
     stop_agent(agent);
 
     // The deploy config's relabel rule and the fixture's named frames, under least privilege.
-    let profiles: Vec<Decoded> = std::fs::read_dir(&local).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("cpu-")).map(|e| Decoded::read(&e.path())).collect();
+    let profiles = Decoded::read_kind(&local, "cpu");
     let samples: Vec<_> = profiles.iter().flat_map(|p| p.samples_of(pid)).collect();
     assert!(Decoded::total(&samples) > 50, "{} fixture samples", Decoded::total(&samples));
     assert!(samples.iter().any(|s| s.has_function("fixture::hot_a")), "the fixture's frames are not named");

@@ -51,12 +51,7 @@ fn samples_carry_pod_qos_container_and_runtime_labels_and_relabel_rules_apply() 
     stop_agent(agent);
     drop(cgroups);
 
-    let profiles: Vec<Decoded> = std::fs::read_dir(&local)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("cpu-"))
-        .map(|e| Decoded::read(&e.path()))
-        .collect();
+    let profiles = Decoded::read_kind(&local, "cpu");
     let samples = |pid: u32| profiles.iter().flat_map(|p| p.samples_of(pid)).collect::<Vec<_>>();
     let (pod_samples, docker_samples) = (samples(pod_pid), samples(docker_pid));
     assert!(pod_samples.len() > 5 && docker_samples.len() > 5, "{} and {} samples", pod_samples.len(), docker_samples.len());

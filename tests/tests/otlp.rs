@@ -84,15 +84,14 @@ fn otlp_folded(requests: &[(ExportProfilesServiceRequest, Option<String>)], pid:
 /// The same from the agent's pprof files.
 fn pprof_folded(dir: &std::path::Path, pid: u32) -> (BTreeMap<String, i64>, usize) {
     let mut folded = BTreeMap::new();
-    let mut profiles = 0;
-    for entry in std::fs::read_dir(dir).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with("cpu-")) {
-        profiles += 1;
-        for sample in Decoded::read(&entry.path()).samples_of(pid) {
+    let profiles = Decoded::read_kind(dir, "cpu");
+    for profile in &profiles {
+        for sample in profile.samples_of(pid) {
             let frames: Vec<&str> = sample.frames.iter().rev().map(|f| f.function.as_str()).collect();
             *folded.entry(frames.join(";")).or_default() += sample.values[0];
         }
     }
-    (folded, profiles)
+    (folded, profiles.len())
 }
 
 #[test]

@@ -57,12 +57,7 @@ fn pushed_profiles_are_stored_and_query_returns_the_fixtures_totals() {
     assert!(query.success());
     let merged = Decoded::read(&out);
     // The agent also wrote every profile locally: the collector's merge must hold the same.
-    let local_total: i64 = std::fs::read_dir(&local)
-        .unwrap()
-        .flatten()
-        .map(|e| Decoded::read(&e.path()))
-        .map(|p| Decoded::total(&p.samples_of(fixture_pid(&pid))))
-        .sum();
+    let local_total: i64 = Decoded::read_kind(&local, "cpu").iter().map(|p| Decoded::total(&p.samples_of(fixture_pid(&pid)))).sum();
     let merged_total = Decoded::total(&merged.samples_of(fixture_pid(&pid)));
     assert!(merged_total > 100, "the fixture's samples are missing from the query");
     assert_eq!(merged_total, local_total);
