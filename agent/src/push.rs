@@ -73,6 +73,7 @@ impl<D: Destination> Shipper<D> {
     async fn send_batch(&mut self) -> Result<bool, Status> {
         let profiles = self.spool.oldest(BATCH).map_err(spool_error)?;
         let Some(last) = profiles.last().map(|p| p.sequence) else { return Ok(false) };
+        let count = profiles.len();
         let started = std::time::Instant::now();
         let sent = self.destination.send(profiles).await;
         metrics::add("ember_ship_seconds_sum", &[("sink", D::NAME)], started.elapsed().as_secs_f64());
@@ -89,7 +90,7 @@ impl<D: Destination> Shipper<D> {
             // rather than block every later profile behind it.
             Err(status) if status.code() == Code::InvalidArgument => {
                 tracing::error!("{} refused profiles up to {last}: {}", D::NAME, status.message());
-                metrics::add("ember_lost_total", &[("reason", "refused"), ("sink", D::NAME)], 1.0);
+                metrics::add("ember_lost_total", &[("reason", "refused"), ("sink", D::NAME)], count as f64);
                 self.spool.remove_through(last).map_err(spool_error)?;
                 Ok(true)
             }
