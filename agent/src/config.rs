@@ -53,6 +53,9 @@ pub struct FileConfig {
     pub keep: Option<usize>,
     /// Static labels on every shipped profile.
     pub labels: Option<std::collections::HashMap<String, String>>,
+    /// Kubernetes pod metadata (auto, off, in-cluster or an API URL) and this node's name.
+    pub kubernetes: Option<String>,
+    pub node_name: Option<String>,
     /// Relabel rules applied to each sample's target labels, in order.
     pub relabel: Option<Vec<crate::relabel::RuleConfig>>,
 }

@@ -22,6 +22,7 @@ use crate::{
     pipeline::{Pipeline, Shipping},
     profiles::ProfileKind,
     otlp::Otlp,
+    pods::{self, Pods},
     metrics,
     pprof::COUNTER_NAMES,
     push::{self, Shipper},
@@ -100,6 +101,14 @@ pub struct RunArgs {
     /// Pull mode: how many of the newest profiles to keep for collectors [default: 360].
     #[arg(long)]
     keep: Option<usize>,
+    /// Pod name, namespace, container name and pod labels from Kubernetes: auto (in-cluster
+    /// when running in a pod), off, in-cluster, or an API server URL that needs no credentials
+    /// (e.g. http://127.0.0.1:8001 from kubectl proxy) [default: auto].
+    #[arg(long)]
+    kubernetes: Option<String>,
+    /// This node's name: the `node` label, and whose pods to watch [default: $NODE_NAME].
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
     #[command(flatten)]
     sampling: SamplingArgs,
 }
@@ -269,9 +278,39 @@ where
     }
     let mut labels = file.labels.clone().unwrap_or_default();
     labels.entry("host".into()).or_insert_with(|| hostname.to_string());
+    if let Some(node) = node_name(args, file) {
+        labels.entry("node".into()).or_insert(node);
+    }
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     labels.entry("kernel".into()).or_insert_with(|| kernel.trim().to_string());
     Ok((Some(Shipping { spools, labels }), tasks))
+}
+
+fn node_name(args: &RunArgs, file: &FileConfig) -> Option<String> {
+    args.node_name.clone().or(file.node_name.clone()).filter(|n| !n.is_empty())
+}
+
+/// Starts the watch on this node's pods when Kubernetes labels are on. `auto` turns them off
+/// with a warning when the in-cluster config is unusable; an explicit setting fails instead.
+fn start_pod_watch<F>(args: &RunArgs, file: &FileConfig, hostname: &str, until_stopped: &impl Fn() -> F) -> Result<Option<(Pods, Task)>>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let setting = args.kubernetes.clone().or(file.kubernetes.clone()).unwrap_or_else(|| "auto".into());
+    let Some(source) = pods::Source::parse(&setting)? else { return Ok(None) };
+    let node = node_name(args, file).unwrap_or_else(|| {
+        tracing::warn!("no node name (set NODE_NAME from the downward API, or --node-name): watching the pods of node {hostname:?}");
+        hostname.to_string()
+    });
+    let pods = Pods::default();
+    match pods.watch(&source, &node, until_stopped()) {
+        Ok(task) => Ok(Some((pods, task))),
+        Err(e) if setting == "auto" => {
+            tracing::warn!("no Kubernetes pod labels: {e:#}");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Resolves on the first SIGINT or SIGTERM.
@@ -360,7 +399,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
         let listener = status::bind(address).await?;
         shippers.push(tokio::spawn(status::serve(listener, health.clone(), until_stopped())));
     }
-    let mut collector = Collector::start(&options, Targets::new(relabel))?;
+    let pods = start_pod_watch(&args, &file, &hostname, &until_stopped)?.map(|(pods, task)| {
+        shippers.push(task);
+        pods
+    });
+    let mut collector = Collector::start(&options, Targets::new(pods, relabel))?;
     health.set_ready();
     let pipeline = Pipeline::spawn(options.event.name(), options.frequency, shipping);
     let kinds = profile_kinds(&options);

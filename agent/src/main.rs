@@ -8,6 +8,7 @@ mod daemon;
 mod otlp;
 mod metrics;
 mod output;
+mod pods;
 mod pipeline;
 mod pprof;
 mod preflight;

@@ -28,6 +28,8 @@ const HELP: &[(&str, &str)] = &[
     ("ember_ship_failures_total", "Failed sends to a sink (retried)."),
     ("ember_spool_profiles", "Profiles waiting in a sink's spool."),
     ("ember_spool_bytes", "Bytes waiting in a sink's spool."),
+    ("ember_kubernetes_pods", "Pods of this node the agent knows from the API server."),
+    ("ember_kubernetes_watch_errors_total", "Failed Kubernetes pod watch requests (retried with backoff)."),
     ("ember_build_info", "The agent's version."),
 ];
 

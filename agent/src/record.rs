@@ -43,7 +43,7 @@ const DRAIN_EVERY: Duration = Duration::from_secs(1);
 pub async fn record(args: RecordArgs) -> Result<()> {
     crate::preflight::check()?;
     let options = sampler_options(&args.sampling, &Default::default(), config::DEFAULT_RECORD_FREQUENCY)?;
-    let mut collector = Collector::start(&options, Targets::new(Relabeler::default()))?;
+    let mut collector = Collector::start(&options, Targets::new(None, Relabeler::default()))?;
     let pipeline = Pipeline::spawn(options.event.name(), options.frequency, None);
     tracing::info!(frequency = options.frequency, event = options.event.name(), duration = ?args.duration, "profiling every CPU");
     let started = Instant::now();

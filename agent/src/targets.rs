@@ -1,26 +1,28 @@
 //! Targets: who a sample belongs to, read from its cgroup path. systemd names units and
 //! slices; container runtimes name their cgroups after the container id (docker, containerd
 //! / CRI, cri-o, podman, under the systemd or the cgroupfs driver); kubelet names pod cgroups
-//! after the pod's QoS class and uid.
+//! after the pod's QoS class and uid. Pod metadata from the API server (see `pods`) adds names.
 use std::sync::{Arc, LazyLock};
 
 use regex::Regex;
 
 use crate::{
     cgroups::CgroupNames,
+    pods::Pods,
     relabel::{Labels, Relabeler},
 };
 
-/// The labels of each sample's target: its cgroup path and what the path says, after the
-/// relabel rules.
+/// The labels of each sample's target: its cgroup path, what the path says and what the API
+/// server says of its pod, after the relabel rules.
 pub struct Targets {
     cgroups: CgroupNames,
+    pods: Option<Pods>,
     relabel: Relabeler,
 }
 
 impl Targets {
-    pub fn new(relabel: Relabeler) -> Targets {
-        Targets { cgroups: CgroupNames::new(), relabel }
+    pub fn new(pods: Option<Pods>, relabel: Relabeler) -> Targets {
+        Targets { cgroups: CgroupNames::new(), pods, relabel }
     }
 
     /// The labels of a cgroup, or None when a relabel rule drops it.
@@ -28,6 +30,9 @@ impl Targets {
         let path = self.cgroups.name(cgroup_id);
         let mut labels = from_cgroup_path(&path);
         labels.insert("cgroup".into(), path);
+        if let Some(pods) = &self.pods {
+            pods.annotate(&mut labels);
+        }
         self.relabel.apply(&mut labels).then(|| Arc::new(labels))
     }
 }

@@ -93,7 +93,8 @@ enum Command {
         /// Profile kind: cpu, offcpu, wall, net-tx, net-rx, net-retransmit, net-drop.
         #[arg(long, default_value = "cpu")]
         kind: String,
-        /// Labels to match, e.g. "host=web-1,service=api" (agent and host are built in).
+        /// Labels to match, e.g. "host=web-1,service=api" (agent and host are built in); keys a
+        /// profile does not carry select its samples, e.g. "node=n3,pod=checkout-7f9".
         #[arg(long, default_value = "")]
         selector: String,
         /// Start of the range, unix seconds [default: everything].

@@ -7,7 +7,8 @@ use ember_proto::pprof::Profile;
 
 use crate::store::{Store, StoredProfile};
 
-/// "service=api,node=x": every pair must match the profile's labels (or agent/host).
+/// "service=api,pod=x": every pair must match the profile's labels (agent, host, node, static
+/// labels) or, for keys the profile does not carry, its samples' labels (pod, namespace, ...).
 pub fn parse_selector(text: &str) -> Result<BTreeMap<String, String>> {
     text.split(',')
         .filter(|s| !s.trim().is_empty())
@@ -18,21 +19,35 @@ pub fn parse_selector(text: &str) -> Result<BTreeMap<String, String>> {
         .collect()
 }
 
-fn matches(stored: &StoredProfile, kind: &str, selector: &BTreeMap<String, String>) -> bool {
+/// Whether a stored profile matches; the terms its own labels cannot decide go to
+/// `sample_terms`, to select its samples.
+fn matches<'s>(stored: &StoredProfile, kind: &str, selector: &'s BTreeMap<String, String>, sample_terms: &mut Vec<(&'s str, &'s str)>) -> bool {
     let (Some(agent), Some(profile)) = (&stored.agent, &stored.profile) else { return false };
+    sample_terms.clear();
     profile.kind == kind
-        && selector.iter().all(|(k, v)| match k.as_str() {
-            "agent" => &agent.agent_id == v,
-            "host" => &agent.hostname == v,
-            _ => profile.labels.get(k) == Some(v),
+        && selector.iter().all(|(k, v)| match (k.as_str(), profile.labels.get(k)) {
+            ("agent", _) => &agent.agent_id == v,
+            ("host", _) => &agent.hostname == v,
+            (_, Some(label)) => label == v,
+            (key, None) => {
+                sample_terms.push((key, v));
+                true
+            }
         })
 }
 
 pub fn merged(store: &Store, kind: &str, selector: &BTreeMap<String, String>, from: u64, to: u64) -> Result<(Profile, usize)> {
     let mut profiles = Vec::new();
-    for stored in store.range(from, to)?.iter().filter(|s| matches(s, kind, selector)) {
+    let mut sample_terms = Vec::new();
+    for stored in store.range(from, to)? {
+        if !matches(&stored, kind, selector, &mut sample_terms) {
+            continue;
+        }
         let bytes = &stored.profile.as_ref().expect("matched").pprof_gzip;
-        profiles.push(ember_pprof::decode_gzip(bytes, 1 << 30)?);
+        let mut profile = ember_pprof::decode_gzip(bytes, 1 << 30)?;
+        if sample_terms.is_empty() || ember_pprof::retain_samples(&mut profile, &sample_terms) > 0 {
+            profiles.push(profile);
+        }
     }
     if profiles.is_empty() {
         bail!("no {kind} profiles match in that time range");

@@ -1,10 +1,12 @@
 //! pprof profile tools shared by the agent and the collector.
 mod codec;
 mod merge;
+mod select;
 mod strings;
 mod views;
 
 pub use codec::{decode_gzip, encode_gzip};
 pub use merge::merge;
+pub use select::retain_samples;
 pub use strings::StringIndex;
 pub use views::{flamegraph, folded, view, View, KERNEL_MAPPING};

@@ -12,6 +12,7 @@ use std::{
 use ember_proto::pprof::Profile;
 use prost::Message;
 
+pub mod kube_api;
 pub mod transport;
 
 /// The tests load BPF programs: without root they must fail loudly, never skip.
@@ -160,6 +161,29 @@ pub fn http_get_with(address: std::net::SocketAddr, path: &str, headers: &str) -
         body = dechunk(&body);
     }
     (status, body)
+}
+
+/// The value of one series ("name{labels}") in Prometheus text, or None if it is absent.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// The value of a series that must be there.
+pub fn metric(text: &str, series: &str) -> f64 {
+    metric_value(text, series).unwrap_or_else(|| panic!("no {series} in the metrics:\n{text}"))
+}
+
+/// Polls an agent's /metrics until `series` satisfies `ok` (bounded); returns its value.
+pub fn wait_for_metric(status: std::net::SocketAddr, series: &str, limit: Duration, ok: impl Fn(f64) -> bool) -> f64 {
+    let deadline = Instant::now() + limit;
+    loop {
+        let text = String::from_utf8(http_get(status, "/metrics").1).expect("utf-8 metrics");
+        match metric_value(&text, series) {
+            Some(value) if ok(value) => return value,
+            last => assert!(Instant::now() < deadline, "{series} still {last:?} after {limit:?}:\n{text}"),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 fn dechunk(mut data: &[u8]) -> Vec<u8> {

@@ -4,7 +4,7 @@
 use std::{path::Path, process::Command, time::Duration};
 
 use ember_tests::{
-    agent_bin, http_get, require_root,
+    agent_bin, http_get, metric, require_root,
     transport::{collector_bin, free_address, stop_agent},
     Agent, Decoded, Fixture, TempDir,
 };
@@ -52,14 +52,6 @@ fn unit_capabilities() -> String {
     let bounding = unit.lines().find_map(|l| l.strip_prefix("CapabilityBoundingSet=")).expect("CapabilityBoundingSet in the unit");
     assert_eq!(line, bounding, "the unit grants what it bounds");
     line.split_whitespace().map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase())).collect::<Vec<_>>().join(",")
-}
-
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("no {series} in the metrics:\n{text}"))
-        .parse()
-        .unwrap()
 }
 
 #[test]

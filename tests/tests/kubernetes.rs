@@ -1,0 +1,135 @@
+//! Kubernetes pod metadata end to end: a stand-in API server on loopback serves this node's
+//! pods to the agent's kube client. Fixture processes run in kubelet-style cgroups of those
+//! pods; their samples carry pod name, namespace, container name and pod labels. A pod added
+//! after start-up is picked up, a keep rule on the namespace restricts profiling to prod, and
+//! when the API server goes away the agent keeps profiling with the labels it has. At the
+//! collector, a query selects one pod on one node ("pod=checkout-7f9,node=n3").
+use std::time::Duration;
+
+use ember_tests::{
+    http_get,
+    kube_api::{pod, FakeApiServer},
+    require_root,
+    transport::{free_address, stop_agent, Collector},
+    wait_for_metric, Agent, Decoded, Fixture, TempDir, TestCgroups,
+};
+
+const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
+
+/// The kubelet systemd-driver cgroup of a burstable pod's container.
+fn container_cgroup(uid: &str, id: &str) -> String {
+    format!("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{id}.scope", uid.replace('-', "_"))
+}
+
+/// Runs the split fixture for `seconds` in cgroup `relative`; returns its pid.
+fn run_in(cgroups: &TestCgroups, relative: &str, seconds: f64) -> u32 {
+    let mut fixture = Fixture::spawn(FIXTURE, "split", seconds);
+    let pid = fixture.pid();
+    cgroups.enter(relative, pid);
+    fixture.start();
+    fixture.finish();
+    pid
+}
+
+#[test]
+fn pod_metadata_labels_samples_new_pods_are_picked_up_and_an_api_outage_keeps_profiling() {
+    require_root();
+    let dir = TempDir::new("kubernetes");
+    let mut cgroups = TestCgroups::new();
+    let tag = std::process::id();
+    let node = format!("node-{tag}");
+    let uid = |n: u32| format!("5e1a{n:04x}-0e9f-4a8b-9c7d-{tag:012x}");
+    let id = |n: u64| format!("{:064x}", u64::from(tag) * 1_000_003 + n);
+    let (checkout, scratch, worker) = ((uid(1), id(1)), (uid(2), id(2)), (uid(3), id(3)));
+    let labels = [("app", "checkout"), ("app.kubernetes.io/version", "1.2")];
+    let mut api = FakeApiServer::start(vec![
+        pod(&checkout.0, "checkout-7f9", "prod", &node, &labels, &[("web", &checkout.1)]),
+        pod(&scratch.0, "scratch", "dev", &node, &[], &[("shell", &scratch.1)]),
+        // Another node's pod: the field selector keeps it away from this agent.
+        pod(&uid(4), "elsewhere", "prod", "another-node", &[], &[("web", &id(4))]),
+    ]);
+    let config = dir.path("agent.toml");
+    std::fs::write(
+        &config,
+        format!("kubernetes = \"{}\"\n\n[[relabel]]\naction = \"keep\"\nsource_labels = [\"namespace\"]\nregex = \"prod\"\n", api.url()),
+    )
+    .unwrap();
+    let (local, status) = (dir.path("local"), free_address());
+    let (grpc, query) = (free_address(), free_address());
+    let collector = Collector::start_with_http(grpc, query, &dir.path("data"), &[]);
+    let mut command = std::process::Command::new(ember_tests::agent_bin());
+    command.env("NODE_NAME", &node).args(["run", "--config", config.to_str().unwrap(), "-F", "99", "--interval", "1s"]);
+    command.args(["--output-dir", local.to_str().unwrap(), "--http", &status.to_string()]);
+    command.args(["--push", &format!("http://{grpc}"), "--spool-dir", dir.path("spool").to_str().unwrap()]);
+    let mut agent = Agent::spawn_command(command);
+    agent.wait_ready();
+    wait_for_metric(status, "ember_kubernetes_pods", Duration::from_secs(20), |n| n == 2.0);
+
+    // Cgroups appear after start-up, as a container's do.
+    let (checkout_cg, scratch_cg) = (container_cgroup(&checkout.0, &checkout.1), container_cgroup(&scratch.0, &scratch.1));
+    cgroups.create(&checkout_cg);
+    cgroups.create(&scratch_cg);
+    let checkout_pid = run_in(&cgroups, &checkout_cg, 1.5);
+    let scratch_pid = run_in(&cgroups, &scratch_cg, 1.0);
+
+    // A pod scheduled after start-up arrives over the watch.
+    api.add(pod(&worker.0, "worker-5c2", "prod", &node, &[("app", "worker")], &[("queue", &worker.1)]));
+    wait_for_metric(status, "ember_kubernetes_pods", Duration::from_secs(20), |n| n == 3.0);
+    let worker_cg = container_cgroup(&worker.0, &worker.1);
+    cgroups.create(&worker_cg);
+    let worker_pid = run_in(&cgroups, &worker_cg, 1.5);
+
+    // The API server goes away: the watch fails and retries; profiling and labels go on.
+    api.stop();
+    wait_for_metric(status, "ember_kubernetes_watch_errors_total", Duration::from_secs(20), |n| n >= 1.0);
+    let after_outage_pid = run_in(&cgroups, &checkout_cg, 1.5);
+    assert_eq!(http_get(status, "/healthz").0, 200, "the agent must stay healthy while the API server is away");
+    std::thread::sleep(Duration::from_millis(1500));
+    let stderr = agent.stderr();
+    stop_agent(agent);
+    drop(cgroups);
+
+    let requests = api.requests();
+    let selector = format!("fieldSelector=spec.nodeName%3D{node}");
+    assert!(requests.iter().any(|r| r.contains(&selector) && !r.contains("watch=true")), "no list of this node's pods: {requests:?}");
+    assert!(requests.iter().any(|r| r.contains(&selector) && r.contains("watch=true")), "no watch of this node's pods: {requests:?}");
+    assert!(stderr.contains("Kubernetes pod watch failed"), "the outage must be logged:\n{stderr}");
+
+    let profiles = Decoded::read_kind(&local, "cpu");
+    let samples = |pid: u32| profiles.iter().flat_map(|p| p.samples_of(pid)).collect::<Vec<_>>();
+    let expect = |pid: u32, pod: &str, container: &str, labels: &[(&str, &str)]| {
+        let got = samples(pid);
+        assert!(got.len() > 5, "{} samples of {pod}/{container} (pid {pid})", got.len());
+        for s in got {
+            let label = |k: &str| s.labels.get(k).map(String::as_str);
+            assert_eq!((label("pod"), label("namespace"), label("container")), (Some(pod), Some("prod"), Some(container)), "{:?}", s.labels);
+            for (k, v) in labels {
+                assert_eq!(label(k), Some(*v), "{:?}", s.labels);
+            }
+        }
+    };
+    let checkout_labels = [("pod_label_app", "checkout"), ("pod_label_app_kubernetes_io_version", "1.2"), ("qos_class", "burstable")];
+    expect(checkout_pid, "checkout-7f9", "web", &checkout_labels);
+    expect(worker_pid, "worker-5c2", "queue", &[("pod_label_app", "worker"), ("container_id", worker.1.as_str())]);
+    expect(after_outage_pid, "checkout-7f9", "web", &checkout_labels);
+    assert!(samples(scratch_pid).is_empty(), "the keep rule on namespace=prod must drop the dev pod's samples");
+    let dropped: u64 = profiles.iter().map(|p| p.counter("relabel_dropped")).sum();
+    assert!(dropped > 0, "dropped samples are counted");
+    assert!(profiles.iter().flat_map(|p| &p.samples).all(|s| s.labels.get("namespace").map(String::as_str) == Some("prod")));
+
+    // The collector slices by the profile's node label and the samples' pod label: exactly
+    // the checkout pod's samples, from both its processes.
+    let checkout_total: i64 = profiles.iter().map(|p| Decoded::sum(&p.samples_labelled("pod", "checkout-7f9"), 0)).sum();
+    let folded = |selector: &str| {
+        let (code, body) = http_get(query, &format!("/query?kind=cpu&format=folded&selector={selector}"));
+        (code, String::from_utf8(body).unwrap())
+    };
+    let (code, text) = folded(&format!("pod=checkout-7f9,node={node}"));
+    assert_eq!(code, 200, "{text}");
+    let total: i64 = text.lines().map(|l| l.rsplit_once(' ').expect("folded line").1.parse::<i64>().unwrap()).sum();
+    assert_eq!(total, checkout_total, "the collector's pod=checkout-7f9 slice differs from the agent's own files");
+    assert!(text.contains("hot_a"), "the fixture's frames must be named:\n{text}");
+    let (code, text) = folded("pod=checkout-7f9,node=another-node");
+    assert_eq!(code, 404, "another node has no such samples: {text}");
+    collector.stop();
+}
