@@ -65,6 +65,10 @@ impl Pipeline {
                     let result = process(&mut symbolizer, &info, &job.interval, &job.plan, shipping.as_ref());
                     metrics::set("ember_symbol_cache_hits_total", &[], symbolizer.hits as f64);
                     metrics::set("ember_symbol_cache_misses_total", &[], symbolizer.misses as f64);
+                    // Give back what symbolizing and encoding freed: glibc keeps freed pages
+                    // otherwise, and the agent's RSS would stay at its busiest interval's.
+                    // SAFETY: no preconditions; it only returns free heap pages to the kernel.
+                    unsafe { libc::malloc_trim(0) };
                     match job.done {
                         Some(done) => {
                             let _ = done.send(result);

@@ -5,6 +5,7 @@
 use std::{collections::HashMap, sync::Arc};
 
 use blazesym::symbolize::{
+    evict::{self, Evict},
     source::{Elf, Kernel, Source},
     Input, Symbolized,
 };
@@ -85,6 +86,12 @@ impl Symbolizer {
                 let frames = to_frames(sym, || format!("{}+{:#x}", binary.name(), offset));
                 self.user.insert((id, *offset), frames);
             }
+            drop(results);
+            // A binary's parsed symbols and DWARF (and its mapped file) are the agent's largest
+            // memory. Its addresses are named and cached above, so release them now: memory then
+            // holds one binary's debug info at a time, and a binary is parsed again only when
+            // new addresses in it appear.
+            let _ = self.blaze.evict(&Evict::Elf(evict::Elf::new(binary.open_path())));
         }
         kernel.sort_unstable();
         kernel.dedup();

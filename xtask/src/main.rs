@@ -18,7 +18,7 @@ struct Cli {
 enum Task {
     /// Install what is missing (rust-src, bpf-linker 0.10.4, apt packages, tracefs). Idempotent.
     Setup,
-    /// Set up, then build the workspace (release).
+    /// Set up, then build the agent, the collector and the tools (release).
     Build,
     /// Set up, build, and run a collector (embedded store in ./ember-data) and an agent
     /// profiling this host and pushing to it (arguments after -- go to `ember-agent run`).
@@ -57,7 +57,8 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Task::Setup => setup::setup(),
-        Task::Build => setup::setup().and_then(|()| run(cargo().args(["build", "--release", "--workspace"]))),
+        // The default members: agent-ebpf builds for BPF inside the agent's build, never for the host.
+        Task::Build => setup::setup().and_then(|()| run(cargo().args(["build", "--release"]))),
         Task::Run { args } => run_agent(args),
         Task::Test { args } => test(args),
         Task::Bench(args) => setup::setup().and_then(|()| bench::bench(args)),

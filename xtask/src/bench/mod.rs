@@ -61,6 +61,9 @@ pub struct Profiler {
 pub struct Snapshot {
     pub cpu_ns: u64,
     pub peak_rss_mib: f64,
+    /// RSS now, and how much of it is mapped files (binaries, debug info being read).
+    pub rss_mib: f64,
+    pub file_rss_mib: f64,
     bpf: BpfUsage,
 }
 
@@ -74,12 +77,21 @@ impl Profiler {
         let pid = self.child.id();
         let status = fs::read_to_string(format!("/proc/{pid}/status"))
             .with_context(|| format!("{} exited before it was measured", self.name))?;
-        let peak_rss_kib: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0);
-        Ok(Snapshot { cpu_ns: cpu_ns(pid), peak_rss_mib: peak_rss_kib as f64 / 1024.0, bpf: bpf_usage(pid) })
+        let mib = |field: &str| -> f64 {
+            let kib: u64 = status
+                .lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .unwrap_or(0);
+            kib as f64 / 1024.0
+        };
+        Ok(Snapshot {
+            cpu_ns: cpu_ns(pid),
+            peak_rss_mib: mib("VmHWM:"),
+            rss_mib: mib("VmRSS:"),
+            file_rss_mib: mib("RssFile:"),
+            bpf: bpf_usage(pid),
+        })
     }
 
     /// SIGINT (every profiler here stops and writes its output on it), bounded wait.

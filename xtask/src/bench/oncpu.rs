@@ -45,6 +45,8 @@ struct Row {
     cpu_percent: f64,
     startup_cpu_s: f64,
     rss_mib: f64,
+    end_rss_mib: f64,
+    end_file_rss_mib: f64,
     map_mib: Option<f64>,
     throughput_ratio: f64,
     share_a: String,
@@ -68,17 +70,19 @@ pub fn run(seconds: u64, frequencies: &[u64]) -> Result<()> {
         "Command: cargo xtask bench oncpu --seconds {seconds} --frequencies {}",
         frequencies.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
     );
-    println!("| profiler | Hz | BPF ns/sample | steady CPU % of one core | start-up CPU s | peak RSS MiB | BPF map MiB | throughput vs none | hot_a share (truth 0.70) |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| profiler | Hz | BPF ns/sample | steady CPU % of one core | start-up CPU s | peak RSS MiB | RSS at end MiB (files) | BPF map MiB | throughput vs none | hot_a share (truth 0.70) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {} | {:.3} | {:.2} | {:.1} | {} | {:.3} | {} |",
+            "| {} | {} | {} | {:.3} | {:.2} | {:.1} | {:.1} ({:.1}) | {} | {:.3} | {} |",
             r.profiler,
             r.hz,
             opt(r.bpf_ns_per_sample, 0),
             r.cpu_percent,
             r.startup_cpu_s,
             r.rss_mib,
+            r.end_rss_mib,
+            r.end_file_rss_mib,
             opt(r.map_mib, 1),
             r.throughput_ratio,
             r.share_a
@@ -147,6 +151,8 @@ fn measure(profiler: Profiler, hz: u64, window: Duration, baseline: f64) -> Resu
         cpu_percent: after.cpu_percent_since(&before, elapsed),
         startup_cpu_s: before.cpu_ns as f64 / 1e9,
         rss_mib: after.peak_rss_mib,
+        end_rss_mib: after.rss_mib,
+        end_file_rss_mib: after.file_rss_mib,
         map_mib: after.map_mib(),
         throughput_ratio: throughput / baseline,
         share_a: split_share(profiler, &dir),
