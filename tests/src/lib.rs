@@ -163,6 +163,11 @@ pub fn http_get_with(address: std::net::SocketAddr, path: &str, headers: &str) -
     (status, body)
 }
 
+/// Sum of the counts of folded stacks ("root;...;leaf count" lines).
+pub fn folded_total(text: &str) -> i64 {
+    text.lines().map(|l| l.rsplit_once(' ').expect("folded line ends in a count").1.parse::<i64>().expect("numeric count")).sum()
+}
+
 /// The value of one series ("name{labels}") in Prometheus text, or None if it is absent.
 pub fn metric_value(text: &str, series: &str) -> Option<f64> {
     text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use ember_tests::{
-    http_get,
+    folded_total, http_get,
     kube_api::{pod, FakeApiServer},
     require_root,
     transport::{free_address, stop_agent, Collector},
@@ -126,8 +126,7 @@ fn pod_metadata_labels_samples_new_pods_are_picked_up_and_an_api_outage_keeps_pr
     };
     let (code, text) = folded(&format!("pod=checkout-7f9,node={node}"));
     assert_eq!(code, 200, "{text}");
-    let total: i64 = text.lines().map(|l| l.rsplit_once(' ').expect("folded line").1.parse::<i64>().unwrap()).sum();
-    assert_eq!(total, checkout_total, "the collector's pod=checkout-7f9 slice differs from the agent's own files");
+    assert_eq!(folded_total(&text), checkout_total, "the collector's pod=checkout-7f9 slice differs from the agent's own files");
     assert!(text.contains("hot_a"), "the fixture's frames must be named:\n{text}");
     let (code, text) = folded("pod=checkout-7f9,node=another-node");
     assert_eq!(code, 404, "another node has no such samples: {text}");

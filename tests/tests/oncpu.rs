@@ -2,7 +2,7 @@
 //! known call structure, real pprof files. Needs root; fails loudly without it.
 use std::{process::Command, time::Duration};
 
-use ember_tests::{record_fixtures, require_root, Agent, Decoded, Fixture, FixtureRun, TempDir};
+use ember_tests::{folded_total, record_fixtures, require_root, Agent, Decoded, Fixture, FixtureRun, TempDir};
 
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
 const HZ: u64 = 99;
@@ -101,8 +101,7 @@ fn pprof_round_trip_and_views_agree() {
     assert_eq!(profile.string(fixture_mapping.build_id).len(), 40, "fixture mapping carries its build id");
 
     let folded = std::fs::read_to_string(&folded).unwrap();
-    let folded_total: i64 = folded.lines().map(|l| l.rsplit_once(' ').unwrap().1.parse::<i64>().unwrap()).sum();
-    assert_eq!(folded_total, total);
+    assert_eq!(folded_total(&folded), total);
     assert!(folded.contains("fixture::main;fixture::hot_a;fixture::burn"));
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(svg.contains("<svg") && svg.contains("fixture::hot_a"));
