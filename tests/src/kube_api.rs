@@ -19,8 +19,8 @@ use serde_json::{json, Value};
 struct State {
     version: u64,
     pods: Vec<Value>,
-    /// (resourceVersion, watch event line) of every change, for watches that resume.
-    events: Vec<(u64, String)>,
+    /// (resourceVersion, pod, watch event line) of every change, for watches that resume.
+    events: Vec<(u64, Value, String)>,
     /// Open watch streams and the node each selects; each gets new events as chunks.
     watchers: Vec<(Option<String>, TcpStream)>,
     /// Every accepted connection, closed by `stop`.
@@ -124,8 +124,8 @@ fn add(state: &Mutex<State>, mut pod: Value) {
     pod["metadata"]["resourceVersion"] = json!(version.to_string());
     let line = json!({"type": "ADDED", "object": pod}).to_string();
     state.watchers.retain_mut(|(node, w)| !on_node(&pod, node) || write_chunk(w, &line).is_ok());
-    state.pods.push(pod);
-    state.events.push((version, line));
+    state.pods.push(pod.clone());
+    state.events.push((version, pod, line));
 }
 
 fn on_node(pod: &Value, node: &Option<String>) -> bool {
@@ -195,8 +195,8 @@ fn serve(stream: TcpStream, state: &Mutex<State>) {
             let replay: Vec<String> = state
                 .events
                 .iter()
-                .filter(|(v, line)| *v > since && on_node(&serde_json::from_str::<Value>(line).unwrap()["object"], &node))
-                .map(|(_, line)| line.clone())
+                .filter(|(v, pod, _)| *v > since && on_node(pod, &node))
+                .map(|(_, _, line)| line.clone())
                 .collect();
             for line in replay {
                 if write_chunk(&mut stream, &line).is_err() {
