@@ -1,5 +1,7 @@
 //! `cargo xtask setup | build | run | test | bench`: everything a newcomer runs.
-mod bench;
+//!
+//! xtask itself depends on nothing that `setup` installs, so it builds on a fresh machine in
+//! seconds; everything else is one shared release build (`build`).
 mod setup;
 
 use std::{os::unix::process::CommandExt, process::Command};
@@ -31,8 +33,12 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Benchmarks against peers on this machine; prints a table (see BENCHMARKS.md).
-    Bench(bench::BenchArgs),
+    /// Benchmarks against peers on this machine; prints a table (see BENCHMARKS.md). Arguments
+    /// go to `ember-bench` (`cargo xtask bench -- --help`).
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 pub fn cargo() -> Command {
@@ -53,15 +59,19 @@ pub fn run(command: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// A progress line, so that a newcomer always sees which step is running.
+pub fn step(message: &str) {
+    println!("xtask: {message}");
+}
+
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Task::Setup => setup::setup(),
-        // The default members: agent-ebpf builds for BPF inside the agent's build, never for the host.
-        Task::Build => setup::setup().and_then(|()| run(cargo().args(["build", "--release"]))),
+        Task::Build => setup::setup().and_then(|()| build()),
         Task::Run { args } => run_agent(args),
         Task::Test { args } => test(args),
-        Task::Bench(args) => setup::setup().and_then(|()| bench::bench(args)),
+        Task::Bench { args } => bench(args),
     };
     if let Err(error) = result {
         eprintln!("xtask: {error:#}");
@@ -73,8 +83,8 @@ fn main() {
 /// profiling this host and pushing to it (also keeping local files).
 fn run_agent(args: Vec<String>) -> Result<()> {
     setup::setup()?;
-    run(cargo().args(["build", "--release", "-p", "ember-agent", "-p", "ember-collector"]))?;
-    let (root, release) = (workspace_root(), workspace_root().join("target/release"));
+    build()?;
+    let (root, release) = (workspace_root(), release_dir());
     let path = |name: &str| root.join(name).to_str().map(str::to_string).context("non-UTF-8 path");
     // The collector gets its own process group: Ctrl-C reaches the agent, which flushes its
     // last interval and pushes it, and only then is the collector stopped.
@@ -102,11 +112,31 @@ fn run_agent(args: Vec<String>) -> Result<()> {
     Ok(())
 }
 
+/// The one build that `run`, `test` and `bench` share: every host binary, in release, for the
+/// workspace's default members (agent-ebpf is built for BPF inside the agent's build). The
+/// same profile and the same package selection resolve the same features, so whichever command
+/// comes first builds for the others, and `cargo test --release` reuses it all.
+fn build() -> Result<()> {
+    step("building Ember in release (about 10 minutes on 2 cores the first time, seconds after)");
+    run(cargo().args(["build", "--release"]))
+}
+
+fn release_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace_root().join("target"), Into::into).join("release")
+}
+
 fn test(args: Vec<String>) -> Result<()> {
     setup::setup()?;
-    // The end-to-end tests run the agent and collector binaries next to them; build them first.
-    run(cargo().args(["build", "-p", "ember-agent", "-p", "ember-collector", "-p", "ember-tests"]))?;
-    // Default members (the BPF crate is not a host crate). One test at a time: end-to-end
-    // tests measure CPU time on a 2-core machine.
-    run(cargo().arg("test").args(&args).args(["--", "--test-threads=1"]))
+    // The end-to-end tests run the agent and collector binaries of their own build.
+    build()?;
+    step("running the tests (release; end-to-end tests load BPF programs, one test at a time)");
+    // One test at a time: end-to-end tests measure CPU time on a 2-core machine.
+    run(cargo().args(["test", "--release"]).args(&args).args(["--", "--test-threads=1"]))
+}
+
+fn bench(args: Vec<String>) -> Result<()> {
+    setup::setup()?;
+    build()?;
+    step("benchmarking");
+    run(Command::new(release_dir().join("ember-bench")).current_dir(workspace_root()).args(args))
 }

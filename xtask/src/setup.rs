@@ -8,19 +8,18 @@ use crate::run;
 
 const TOOLCHAIN: &str = "1.95.0";
 const BPF_LINKER: &str = "0.10.4";
-/// protoc builds proto/; perf and bpftrace are the benchmark's peers; setpriv (util-linux)
-/// runs the agent unprivileged in a test.
-/// (program, Debian package): the build's protoc, the benchmarks' peers, and the tools the
-/// tests drive (setpriv, curl, openssl).
-const APT_PACKAGES: [(&str, &str); 7] = [
-    ("protoc", "protobuf-compiler"),
-    ("perf", "linux-perf"),
-    ("bpftrace", "bpftrace"),
-    ("setpriv", "util-linux"),
-    ("curl", "curl"),
-    ("openssl", "openssl"),
-    ("systemd-analyze", "systemd"),
-];
+/// (program, Debian package): the benchmarks' peers (perf, bpftrace) and the tools the tests
+/// drive (setpriv, curl, openssl, systemd-analyze). The list is a file so that `.ci/run` can
+/// hide each program while it builds xtask.
+const APT_TOOLS: &str = include_str!("../tools.txt");
+
+fn apt_packages() -> Vec<(&'static str, &'static str)> {
+    APT_TOOLS
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| l.split_once(' '))
+        .collect()
+}
 
 /// (Python module, PyPI package): the deploy tests validate the Kubernetes manifests with it.
 const PIP_PACKAGES: [(&str, &str); 1] = [("kubernetes_validate", "kubernetes-validate==1.37.0")];
@@ -47,10 +46,11 @@ pub fn setup() -> Result<()> {
         run(Command::new("rustup").args(["run", TOOLCHAIN, "cargo", "install", "--locked", "--force"]).arg(format!("bpf-linker@{BPF_LINKER}")))?;
     }
 
+    let packages = apt_packages();
     let missing: Vec<&str> =
-        APT_PACKAGES.iter().filter(|(program, _)| output("which", &[program]).is_none()).map(|(_, package)| *package).collect();
+        packages.iter().filter(|(program, _)| output("which", &[program]).is_none()).map(|(_, package)| *package).collect();
     if missing.is_empty() {
-        println!("setup: ok    {}", APT_PACKAGES.map(|(p, _)| p).join(", "));
+        println!("setup: ok    {}", packages.iter().map(|(p, _)| *p).collect::<Vec<_>>().join(", "));
     } else {
         println!("setup: installing {} (apt)", missing.join(" "));
         run(Command::new("apt-get").args(["update", "-qq"]))?;

@@ -1,7 +1,7 @@
-//! `cargo xtask bench oncpu | offcpu | net | transport`: Ember and its peers on the same workload, in one
-//! command, measured the same way from /proc: CPU over a steady-state window, peak RSS, and
-//! (with kernel.bpf_stats_enabled) the run time of each profiler's BPF programs and the
-//! memory of its maps.
+//! `ember-bench oncpu | offcpu | net | transport`, run by `cargo xtask bench` after the release
+//! build: Ember and its peers on the same workload, in one command, measured the same way from
+//! /proc: CPU over a steady-state window, peak RSS, and (with kernel.bpf_stats_enabled) the run
+//! time of each profiler's BPF programs and the memory of its maps.
 mod net;
 mod offcpu;
 mod oncpu;
@@ -16,10 +16,9 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::{cargo, run, workspace_root};
-
-#[derive(clap::Args)]
-pub struct BenchArgs {
+#[derive(clap::Parser)]
+#[command(name = "cargo xtask bench")]
+struct BenchArgs {
     /// Which benchmark.
     #[arg(value_parser = ["oncpu", "offcpu", "net", "transport"])]
     which: String,
@@ -31,8 +30,15 @@ pub struct BenchArgs {
     frequencies: Vec<u64>,
 }
 
-pub fn bench(args: BenchArgs) -> Result<()> {
-    run(cargo().args(["build", "--release", "-p", "ember-agent", "-p", "ember-collector", "-p", "ember-tests"]))?;
+fn main() {
+    let args = <BenchArgs as clap::Parser>::parse();
+    if let Err(error) = bench(args) {
+        eprintln!("bench: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+fn bench(args: BenchArgs) -> Result<()> {
     let _stats = BpfStatsEnabled::enable()?;
     match args.which.as_str() {
         "oncpu" => oncpu::run(args.seconds, &args.frequencies),
@@ -43,8 +49,10 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     }
 }
 
+/// A binary of the same build as this one (`cargo xtask bench` builds them all in release).
 pub fn release_bin(name: &str) -> PathBuf {
-    workspace_root().join("target/release").join(name)
+    let exe = std::env::current_exe().expect("ember-bench's own path");
+    exe.parent().expect("target/release").join(name)
 }
 
 pub fn opt(value: Option<f64>, digits: usize) -> String {
