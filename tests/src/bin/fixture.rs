@@ -68,7 +68,8 @@ fn gettid() -> i64 {
 
 #[inline(never)]
 fn read_zero(fd: i32, buffer: &mut [u8]) -> i64 {
-    raw_syscall(libc::SYS_read, fd as u64, buffer.as_mut_ptr() as u64, buffer.len() as u64)
+    // black_box: without it, optimized builds make this a tail call and drop read_zero's frame.
+    black_box(raw_syscall(libc::SYS_read, fd as u64, buffer.as_mut_ptr() as u64, buffer.len() as u64))
 }
 
 #[inline(never)]
