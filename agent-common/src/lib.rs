@@ -174,6 +174,24 @@ pub mod counter {
     pub const OFF_CPU_BLOCKS: u32 = 12;
     /// Number of counters.
     pub const COUNT: u32 = 13;
+
+    /// Each counter's name, as profile comments (`ember.counter.<name>=<value>`) and the
+    /// agent's metrics and logs call it.
+    pub const NAMES: [(u32, &str); COUNT as usize] = [
+        (SAMPLES, "samples"),
+        (MAP_FULL, "map_full"),
+        (USER_STACK_COLLISION, "user_stack_collision"),
+        (KERNEL_STACK_COLLISION, "kernel_stack_collision"),
+        (USER_STACK_ERROR, "user_stack_error"),
+        (KERNEL_STACK_ERROR, "kernel_stack_error"),
+        (PROCESS_EVENT_LOST, "process_event_lost"),
+        (IDLE, "idle"),
+        (FILTERED, "filtered"),
+        (OFF_CPU_TABLE_FULL, "off_cpu_table_full"),
+        (OFF_CPU_OUT_OF_RANGE, "off_cpu_out_of_range"),
+        (NET_EVENTS, "net_events"),
+        (OFF_CPU_BLOCKS, "off_cpu_blocks"),
+    ];
 }
 
 /// Sent through the ring buffer the first time a process is sampled (and again after it

@@ -1,36 +1,28 @@
 //! ember-agent: an eBPF continuous profiler. `run` profiles the host continuously and writes
 //! one profile per interval; `record` profiles once and writes one profile.
-mod btf;
-mod cgroups;
-mod collect;
-mod config;
-mod daemon;
-mod otlp;
-mod metrics;
-mod output;
-mod pods;
+//!
+//! The modules follow the data flow (see design.md): `kernel` -> `resolve` -> `symbolize` ->
+//! `encode` -> `ship`, with `ops` (metrics, status, losses) beside them. `cli` and `settings`
+//! turn the command line and the config file into what the stages receive; `run`, `record`
+//! and `pipeline` wire the stages together. Imports only point down that list.
+mod cli;
+mod encode;
+mod kernel;
+mod ops;
 mod pipeline;
-mod pprof;
-mod preflight;
-mod procs;
-mod push;
-mod profiles;
 mod record;
-mod relabel;
 mod resolve;
-mod sampler;
-mod serve;
-mod spool;
-mod status;
+mod run;
+mod settings;
+mod ship;
 mod symbolize;
-mod targets;
-mod tracefs;
 
-use std::{path::PathBuf, process::ExitCode};
+use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
+use tokio::signal::unix::{signal, SignalKind};
 
-use crate::sampler::Event;
+use crate::settings::{RecordSettings, RunSettings};
 
 #[derive(Parser)]
 #[command(name = "ember-agent", version, about = "Ember: low-overhead eBPF continuous profiler")]
@@ -45,52 +37,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Profile the host continuously, writing one profile per interval.
-    Run(daemon::RunArgs),
+    Run(cli::RunArgs),
     /// Profile once for a fixed time and write one profile.
-    Record(record::RecordArgs),
-}
-
-/// Sampling options shared by `run` and `record`.
-#[derive(Args, Debug, Clone, Default)]
-pub struct SamplingArgs {
-    /// Event groups to record: cpu (on-CPU sampling), offcpu (blocked time, by where threads
-    /// blocked; with cpu also a wall-clock profile), net (network tracepoints) [default: cpu].
-    #[arg(long, value_delimiter = ',', value_parser = ["cpu", "offcpu", "net"])]
-    events: Vec<String>,
-    /// Network tracepoints for the net group [default: net:net_dev_queue,
-    /// net:netif_receive_skb, tcp:tcp_retransmit_skb, skb:kfree_skb].
-    #[arg(long, value_delimiter = ',')]
-    net_events: Vec<String>,
-    /// Off-CPU: ignore blocks shorter than this (e.g. 100us, 1ms) [default: 0].
-    #[arg(long)]
-    offcpu_min_block: Option<String>,
-    /// Off-CPU: ignore blocks longer than this [default: none].
-    #[arg(long)]
-    offcpu_max_block: Option<String>,
-    /// Off-CPU: task states to include [default: sleeping,uninterruptible,preempted].
-    #[arg(long, value_delimiter = ',', value_parser = ["sleeping", "uninterruptible", "preempted"])]
-    offcpu_states: Vec<String>,
-    /// Off-CPU: record one block in N (each counted N times) to bound cost [default: 1].
-    #[arg(long)]
-    offcpu_sample_ratio: Option<u32>,
-    /// Samples per second per CPU [run: 19, record: 99].
-    #[arg(short = 'F', long)]
-    frequency: Option<u64>,
-    /// Perf event that triggers sampling [default: cpu-clock].
-    #[arg(long, value_enum)]
-    event: Option<Event>,
-    /// Only profile this process (repeat for several).
-    #[arg(short, long = "pid")]
-    pids: Vec<u32>,
-    /// Only profile this cgroup (path, absolute or relative to the cgroup2 mount).
-    #[arg(long)]
-    cgroup: Option<String>,
-    /// Distinct (thread, stack) keys kept per interval; samples beyond are counted as lost.
-    #[arg(long)]
-    max_keys: Option<u32>,
-    /// Distinct stacks kept per interval.
-    #[arg(long)]
-    max_stacks: Option<u32>,
+    Record(cli::RecordArgs),
 }
 
 fn init_logging(format: &str) {
@@ -114,8 +63,8 @@ fn main() -> ExitCode {
         .expect("starting the tokio runtime");
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Run(args) => daemon::run(args).await,
-            Command::Record(args) => record::record(args).await,
+            Command::Run(args) => run::run(RunSettings::resolve(&args)?).await,
+            Command::Record(args) => record::record(RecordSettings::resolve(&args)?).await,
         }
     });
     match result {
@@ -128,7 +77,11 @@ fn main() -> ExitCode {
     }
 }
 
-/// Default output directory of the daemon when neither config nor flags name one.
-pub fn default_output_dir() -> PathBuf {
-    PathBuf::from("ember-profiles")
+/// Resolves on the first SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
 }

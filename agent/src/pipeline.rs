@@ -1,23 +1,25 @@
-//! The pipeline thread: symbolize -> encode -> write, one interval at a time. It owns the
-//! (!Send) blazesym symbolizer and its caches, so the tokio side never waits on symbolization.
+//! The pipeline thread: the stages after resolve, symbolize -> encode -> ship, one interval at
+//! a time. It owns the (!Send) blazesym symbolizer and its caches, so the tokio side never
+//! waits on symbolization. `run` and `record` feed it.
 use std::{
-    collections::{HashMap, HashSet},
-    sync::{
-        mpsc::{self, Sender},
-        Arc,
-    },
+    collections::HashSet,
+    sync::mpsc::{self, Sender},
     thread::JoinHandle,
 };
 
 use anyhow::{Context as _, Result};
 
 use crate::{
-    metrics,
-    output::{write_atomic, Outputs},
-    pprof::{self, ProfileInfo},
-    profiles::ProfileKind,
+    encode::{
+        pprof::{self, ProfileInfo},
+        ProfileKind,
+    },
+    ops::metrics,
     resolve::ResolvedInterval,
-    spool::Spool,
+    ship::{
+        files::{write_atomic, FileOutputs},
+        Shipping,
+    },
     symbolize::Symbolizer,
 };
 
@@ -32,7 +34,7 @@ pub struct Written {
 }
 
 /// The profiles to make of an interval, and where each goes.
-pub type Plan = Vec<(ProfileKind, Outputs)>;
+pub type Plan = Vec<(ProfileKind, FileOutputs)>;
 
 struct Job {
     interval: ResolvedInterval,
@@ -43,14 +45,6 @@ struct Job {
 pub struct Pipeline {
     jobs: Option<Sender<Job>>,
     thread: Option<JoinHandle<()>>,
-}
-
-/// Where profiles go besides local files: the spools that shippers send from (Ember's
-/// collector or pullers, and OTLP), each its own copy so one sink's outage never holds the other.
-pub struct Shipping {
-    pub spools: Vec<Arc<Spool>>,
-    /// Labels of every profile (host, and static labels from config).
-    pub labels: HashMap<String, String>,
 }
 
 impl Pipeline {
@@ -128,7 +122,7 @@ fn write_profile(
     info: &ProfileInfo,
     interval: &ResolvedInterval,
     kind: ProfileKind,
-    outputs: &Outputs,
+    outputs: &FileOutputs,
     shipping: Option<&Shipping>,
 ) -> Result<Written> {
     let profile = pprof::build(interval, symbolizer, info, kind);

@@ -1,54 +1,34 @@
-//! `ember-agent record`: profile for a fixed time, write one profile (and its views).
+//! `ember-agent record`: profile for a fixed time, write one profile per kind (and its views).
+//! Wires the same stages as `run`, draining every second into one interval.
 use std::{io::IsTerminal, path::PathBuf, time::Duration};
 
 use anyhow::Result;
-use clap::Args;
 use tokio::time::{interval, sleep_until, Instant, MissedTickBehavior};
 
 use crate::{
-    collect::Collector,
-    config::{self, parse_duration},
-    daemon::{profile_kinds, report_losses, sampler_options, shutdown_signal},
-    output::{self, Outputs},
+    encode::ProfileKind,
+    kernel::preflight,
+    ops::losses,
     pipeline::Pipeline,
-    profiles::ProfileKind,
-    relabel::Relabeler,
-    resolve::ResolvedInterval,
-    targets::Targets,
-    SamplingArgs,
+    resolve::{relabel::Relabeler, ResolvedInterval, Resolver, Targets},
+    settings::RecordSettings,
+    ship::files::{self, FileOutputs},
+    shutdown_signal,
 };
-
-#[derive(Args, Debug)]
-pub struct RecordArgs {
-    /// How long to profile (e.g. 10s, 500ms, 2m).
-    #[arg(short, long, default_value = "10s", value_parser = parse_duration)]
-    duration: Duration,
-    /// pprof output (gzipped profile.proto).
-    #[arg(short, long, default_value = "profile.pb.gz")]
-    output: PathBuf,
-    /// Also write folded stacks here.
-    #[arg(long)]
-    folded: Option<PathBuf>,
-    /// Also write an SVG flame graph here.
-    #[arg(long)]
-    flamegraph: Option<PathBuf>,
-    #[command(flatten)]
-    sampling: SamplingArgs,
-}
 
 /// Kernel buffers are drained this often during a recording, so a long recording needs no
 /// more map space than a short one.
 const DRAIN_EVERY: Duration = Duration::from_secs(1);
 
-pub async fn record(args: RecordArgs) -> Result<()> {
-    crate::preflight::check()?;
-    let options = sampler_options(&args.sampling, &Default::default(), config::DEFAULT_RECORD_FREQUENCY)?;
-    let mut collector = Collector::start(&options, Targets::new(None, Relabeler::default()))?;
-    let pipeline = Pipeline::spawn(options.event.name(), options.frequency, None);
-    tracing::info!(frequency = options.frequency, event = options.event.name(), duration = ?args.duration, "profiling every CPU");
+pub async fn record(settings: RecordSettings) -> Result<()> {
+    preflight::check()?;
+    let kernel = &settings.kernel;
+    let mut resolver = Resolver::start(kernel, Targets::new(None, Relabeler::default()))?;
+    let pipeline = Pipeline::spawn(kernel.event.name(), kernel.frequency, None);
+    tracing::info!(frequency = kernel.frequency, event = kernel.event.name(), duration = ?settings.duration, "profiling every CPU");
     let started = Instant::now();
-    let deadline = started + args.duration;
-    let mut drains = interval(DRAIN_EVERY.min(args.duration));
+    let deadline = started + settings.duration;
+    let mut drains = interval(DRAIN_EVERY.min(settings.duration));
     drains.set_missed_tick_behavior(MissedTickBehavior::Delay);
     drains.tick().await;
     let progress = std::io::stderr().is_terminal();
@@ -57,12 +37,12 @@ pub async fn record(args: RecordArgs) -> Result<()> {
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            result = collector.capture_new_processes() => result?,
+            result = resolver.capture_new_processes() => result?,
             _ = drains.tick() => {
-                recorded.merge(collector.drain()?);
+                recorded.merge(resolver.drain()?);
                 if progress {
                     let events: u64 = recorded.samples.iter().map(|s| s.value.count).sum();
-                    eprint!("\rrecording: {:.0}s / {:.0}s, {events} events ", started.elapsed().as_secs_f64(), args.duration.as_secs_f64());
+                    eprint!("\rrecording: {:.0}s / {:.0}s, {events} events ", started.elapsed().as_secs_f64(), settings.duration.as_secs_f64());
                 }
             }
             _ = sleep_until(deadline) => break,
@@ -72,24 +52,24 @@ pub async fn record(args: RecordArgs) -> Result<()> {
             }
         }
     }
-    recorded.merge(collector.drain()?);
-    drop(collector); // detaches the programs
+    recorded.merge(resolver.drain()?);
+    drop(resolver); // detaches the programs
     if progress {
         eprintln!();
     }
-    report_losses(&recorded);
-    let kinds = profile_kinds(&options);
-    let several = kinds.len() > 1;
+    losses::report(&recorded.counters, recorded.relabel_dropped);
+    let several = settings.kinds.len() > 1;
     let path = |path: &Option<PathBuf>, kind: ProfileKind| {
-        path.as_ref().map(|p| if several { output::with_kind(p, kind.name()) } else { p.clone() })
+        path.as_ref().map(|p| if several { files::with_kind(p, kind.name()) } else { p.clone() })
     };
-    let plan = kinds
+    let plan = settings
+        .kinds
         .iter()
         .map(|&kind| {
-            let outputs = Outputs {
-                pprof: path(&Some(args.output.clone()), kind),
-                folded: path(&args.folded, kind),
-                flamegraph: path(&args.flamegraph, kind),
+            let outputs = FileOutputs {
+                pprof: path(&settings.files.pprof, kind),
+                folded: path(&settings.files.folded, kind),
+                flamegraph: path(&settings.files.flamegraph, kind),
             };
             (kind, outputs)
         })

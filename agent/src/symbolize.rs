@@ -10,10 +10,7 @@ use blazesym::symbolize::{
     Input, Symbolized,
 };
 
-use crate::{
-    procs::{Binary, UserAddress},
-    resolve::{ResolvedInterval, Site},
-};
+use crate::resolve::{Binary, ResolvedInterval, Site, UserAddress};
 
 /// One function at one location. A location has several when functions were inlined.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -24,10 +24,12 @@ pub fn require_root() {
     );
 }
 
-/// The ember-agent binary of the same build profile as the running test.
+/// The ember-agent binary of the same build profile as the running test (target/<profile>/deps)
+/// or benchmark (target/<profile>).
 pub fn agent_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps");
+    let exe = std::env::current_exe().expect("own executable path");
+    let dir = exe.parent().expect("target/<profile>");
+    let profile_dir = if dir.ends_with("deps") { dir.parent().expect("target/<profile>") } else { dir };
     let agent = profile_dir.join("ember-agent");
     assert!(agent.exists(), "{} is missing: run `cargo xtask test` (it builds the agent first)", agent.display());
     agent

@@ -19,15 +19,15 @@ pub fn free_address() -> SocketAddr {
 }
 
 /// A running collector, stopped (SIGINT) on drop.
-pub struct Collector(Child);
+pub struct CollectorProcess(Child);
 
-impl Collector {
-    pub fn start(address: SocketAddr, data: &Path) -> Collector {
-        Collector::start_with_http(address, free_address(), data, &[])
+impl CollectorProcess {
+    pub fn start(address: SocketAddr, data: &Path) -> CollectorProcess {
+        CollectorProcess::start_with_http(address, free_address(), data, &[])
     }
 
     /// Starts a collector whose log goes to `<data>.log`, shown if it does not come up.
-    pub fn start_with_http(address: SocketAddr, http: SocketAddr, data: &Path, extra: &[&str]) -> Collector {
+    pub fn start_with_http(address: SocketAddr, http: SocketAddr, data: &Path, extra: &[&str]) -> CollectorProcess {
         let log = data.with_extension("log");
         let child = Command::new(collector_bin())
             .args(["serve", "--listen", &address.to_string(), "--http", &http.to_string()])
@@ -42,7 +42,7 @@ impl Collector {
             assert!(Instant::now() < deadline, "collector not listening after 10 s: {}", log());
             std::thread::sleep(Duration::from_millis(50));
         }
-        Collector(child)
+        CollectorProcess(child)
     }
 
     pub fn stop(mut self) {
@@ -52,7 +52,7 @@ impl Collector {
     }
 }
 
-impl Drop for Collector {
+impl Drop for CollectorProcess {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();

@@ -4,7 +4,7 @@ use std::{net::SocketAddr, path::Path, process::Command, time::Duration};
 
 use ember_tests::{
     http_get, http_get_with, require_root,
-    transport::{collector_bin, free_address, health_and_services, spool_is_empty, stop_agent as stop, stored, Collector},
+    transport::{collector_bin, free_address, health_and_services, spool_is_empty, stop_agent as stop, stored, CollectorProcess},
     Agent, Decoded, Fixture, TempDir,
 };
 
@@ -26,7 +26,7 @@ fn pushed_profiles_are_stored_and_query_returns_the_fixtures_totals() {
     let dir = TempDir::new("push");
     let (address, data, spool, local) = (free_address(), dir.path("data"), dir.path("spool"), dir.path("local"));
     let http = free_address();
-    let collector = Collector::start_with_http(address, http, &data, &[]);
+    let collector = CollectorProcess::start_with_http(address, http, &data, &[]);
     let mut fixture = Fixture::spawn(FIXTURE, "split", 2.0);
     let pid = fixture.pid().to_string();
     let agent = push_agent(address, &spool, &["--pid", &pid, "--output-dir", local.to_str().unwrap()]);
@@ -73,7 +73,7 @@ fn collector_outage_and_agent_restart_lose_nothing_and_store_each_profile_once()
     require_root();
     let dir = TempDir::new("outage");
     let (address, data, spool) = (free_address(), dir.path("data"), dir.path("spool"));
-    let collector = Collector::start(address, &data);
+    let collector = CollectorProcess::start(address, &data);
     let agent = push_agent(address, &spool, &["--pid", "1"]);
     std::thread::sleep(Duration::from_secs(3));
     collector.stop();
@@ -82,7 +82,7 @@ fn collector_outage_and_agent_restart_lose_nothing_and_store_each_profile_once()
     assert!(!spool_is_empty(&spool), "nothing was spooled during the outage");
     // The agent stops while the collector is still down: its spool must survive the restart.
     stop(agent);
-    let collector = Collector::start(address, &data);
+    let collector = CollectorProcess::start(address, &data);
     let agent = push_agent(address, &spool, &["--pid", "1"]);
     std::thread::sleep(Duration::from_secs(3));
     stop(agent);
@@ -108,7 +108,7 @@ fn bad_pushes_are_refused_without_crashing_or_losing_what_is_stored() {
 
     let dir = TempDir::new("bad-push");
     let (address, data) = (free_address(), dir.path("data"));
-    let collector = Collector::start(address, &data);
+    let collector = CollectorProcess::start(address, &data);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i64;
     let valid_pprof = {
@@ -166,7 +166,7 @@ fn a_collector_with_a_token_refuses_pushes_and_queries_without_it() {
     let (token_file, wrong_file) = (dir.path("token"), dir.path("wrong"));
     std::fs::write(&token_file, "s3cret-token\n").unwrap();
     std::fs::write(&wrong_file, "not-the-token\n").unwrap();
-    let collector = Collector::start_with_http(address, http, &data, &["--token-file", token_file.to_str().unwrap()]);
+    let collector = CollectorProcess::start_with_http(address, http, &data, &["--token-file", token_file.to_str().unwrap()]);
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let push = |authorization: Option<&str>| {
@@ -214,12 +214,12 @@ fn a_collector_pulls_from_an_agent_and_resumes_without_gaps_after_a_restart() {
     let mut agent = Agent::spawn(&[&args[..], &["--spool-dir", spool.to_str().unwrap()]].concat());
     agent.wait_ready();
     let pull = format!("http://{agent_address}");
-    let collector = Collector::start_with_http(free_address(), free_address(), &data, &["--pull", &pull]);
+    let collector = CollectorProcess::start_with_http(free_address(), free_address(), &data, &["--pull", &pull]);
     std::thread::sleep(Duration::from_secs(4));
     collector.stop();
     // The agent keeps profiling while no collector pulls; the restarted one resumes.
     std::thread::sleep(Duration::from_secs(4));
-    let collector = Collector::start_with_http(free_address(), free_address(), &data, &["--pull", &pull]);
+    let collector = CollectorProcess::start_with_http(free_address(), free_address(), &data, &["--pull", &pull]);
     std::thread::sleep(Duration::from_secs(4));
     collector.stop();
     stop(agent);
@@ -239,7 +239,7 @@ fn collector_and_pulled_agent_answer_grpc_health_checks_and_reflection() {
     require_root();
     let dir = TempDir::new("health");
     let (address, agent_address) = (free_address(), free_address());
-    let collector = Collector::start(address, &dir.path("data"));
+    let collector = CollectorProcess::start(address, &dir.path("data"));
     let serve = agent_address.to_string();
     let spool = dir.path("spool");
     let mut agent = Agent::spawn(&["run", "--interval", "1s", "--serve", &serve, "--pid", "1", "--spool-dir", spool.to_str().unwrap()]);

@@ -117,7 +117,7 @@ fn run_agent(args: Vec<String>) -> Result<()> {
 /// same profile and the same package selection resolve the same features, so whichever command
 /// comes first builds for the others, and `cargo test --release` reuses it all.
 fn build() -> Result<()> {
-    step("building Ember in release (about 10 minutes on 2 cores the first time, seconds after)");
+    step("building Ember in release (about 6 minutes on 2 cores the first time, seconds after)");
     run(cargo().args(["build", "--release"]))
 }
 

@@ -4,29 +4,22 @@
 //! hour of 10 s profiles from 10 hosts.
 use std::{
     collections::HashMap,
-    net::TcpStream,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest};
-use ember_tests::Decoded;
+use ember_tests::{
+    transport::{free_address, CollectorProcess},
+    Decoded,
+};
 use prost::Message;
 
 use super::release_bin;
 
 const HOSTS: usize = 10;
 const INTERVALS: usize = 360; // one hour of 10 s profiles
-
-struct Collector(Child);
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
-        let _ = self.0.wait();
-    }
-}
 
 /// One real 10 s on-CPU profile of two busy fixture processes at 99 Hz: (gzipped pprof, samples).
 fn real_profile(dir: &std::path::Path) -> Result<(Vec<u8>, u64)> {
@@ -47,8 +40,8 @@ fn real_profile(dir: &std::path::Path) -> Result<(Vec<u8>, u64)> {
 }
 
 /// GETs a query; Ok(body size) on 200.
-fn query(address: &str, path: &str) -> Result<usize> {
-    let (status, body) = ember_tests::http_get(address.parse()?, path);
+fn query(address: std::net::SocketAddr, path: &str) -> Result<usize> {
+    let (status, body) = ember_tests::http_get(address, path);
     anyhow::ensure!(status == 200, "query {path} failed ({status}): {}", String::from_utf8_lossy(&body));
     Ok(body.len())
 }
@@ -59,20 +52,8 @@ pub fn run() -> Result<()> {
     std::fs::create_dir_all(&dir)?;
     println!("bench transport: recording a real 10 s profile (2 busy processes, 99 Hz)...");
     let (pprof, samples) = real_profile(&dir)?;
-    let (grpc, http) = ("127.0.0.1:7170", "127.0.0.1:7171");
-    let _collector = Collector(
-        Command::new(release_bin("ember-collector"))
-            .args(["serve", "--listen", grpc, "--http", http, "--data-dir"])
-            .arg(dir.join("data"))
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting ember-collector")?,
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(grpc).is_err() {
-        anyhow::ensure!(Instant::now() < deadline, "collector did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (grpc, http) = (free_address(), free_address());
+    let _collector = CollectorProcess::start_with_http(grpc, http, &dir.join("data"), &[]);
 
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as i64;
     let profile = |host: usize, interval: usize| Profile {

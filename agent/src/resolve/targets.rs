@@ -6,7 +6,7 @@ use std::sync::{Arc, LazyLock};
 
 use regex::Regex;
 
-use crate::{
+use super::{
     cgroups::CgroupNames,
     pods::Pods,
     relabel::{Labels, Relabeler},

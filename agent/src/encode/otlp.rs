@@ -1,14 +1,13 @@
-//! OTLP export: ships spooled profiles to an OpenTelemetry profiles receiver (an OpenTelemetry
-//! collector, or a backend that speaks OTLP), as a second sink beside Ember's collector.
-//! Each pprof profile becomes one OTLP profile per sample type (OTLP profiles carry one
-//! value each), all sharing one deduplicated dictionary per request.
+//! OTLP encoding: each pprof profile becomes one OTLP profile per sample type (OTLP profiles
+//! carry one value each), all sharing one deduplicated dictionary per request. The OTLP sink
+//! (`ship::otlp`) sends what this builds.
 use std::collections::HashMap;
 
 use anyhow::{Context as _, Result};
 use ember_proto::{ember, pprof};
 use ember_pprof::StringIndex;
 use opentelemetry_proto::tonic::{
-    collector::profiles::v1development::{profiles_service_client::ProfilesServiceClient, ExportProfilesServiceRequest},
+    collector::profiles::v1development::ExportProfilesServiceRequest,
     common::v1::{any_value::Value, AnyValue, InstrumentationScope, KeyValue},
     profiles::v1development::{
         Function, KeyValueAndUnit, Line, Link, Location, Mapping, Profile, ProfilesDictionary, ResourceProfiles,
@@ -16,56 +15,11 @@ use opentelemetry_proto::tonic::{
     },
     resource::v1::Resource,
 };
-use tonic::{
-    metadata::{MetadataKey, MetadataMap, MetadataValue},
-    transport::{Channel, Endpoint},
-    Status,
-};
-
-use crate::push::{channel, Destination};
 
 /// A spooled profile may decompress to at most this much.
 const MAX_DECOMPRESSED: u64 = 256 << 20;
 /// OpenTelemetry's semantic convention for a GNU build id.
 const BUILD_ID_ATTRIBUTE: &str = "process.executable.build_id.gnu";
-
-pub struct Otlp {
-    client: ProfilesServiceClient<Channel>,
-    /// Extra request headers, e.g. a tenant id or an authorization the receiver requires.
-    headers: MetadataMap,
-}
-
-impl Otlp {
-    /// `headers` are "name=value" pairs.
-    pub fn new(endpoint: Endpoint, headers: &[String]) -> Result<Otlp> {
-        let mut map = MetadataMap::new();
-        for header in headers {
-            let (name, value) = header.split_once('=').with_context(|| format!("OTLP header {header:?} is not name=value"))?;
-            let name = MetadataKey::from_bytes(name.trim().to_ascii_lowercase().as_bytes())
-                .with_context(|| format!("OTLP header name {name:?} is not a valid header name"))?;
-            let value = MetadataValue::try_from(value.trim()).with_context(|| format!("OTLP header {name:?} has an invalid value"))?;
-            map.insert(name, value);
-        }
-        Ok(Otlp { client: ProfilesServiceClient::new(channel(endpoint)), headers: map })
-    }
-}
-
-impl Destination for Otlp {
-    const NAME: &'static str = "otlp";
-
-    async fn send(&mut self, profiles: Vec<ember::Profile>) -> Result<u64, Status> {
-        let last = profiles.last().map_or(0, |p| p.sequence);
-        // A spooled profile that does not decode can never be sent: refuse it as content.
-        let request = export_request(&profiles).map_err(|e| Status::invalid_argument(format!("{e:#}")))?;
-        let mut request = tonic::Request::new(request);
-        *request.metadata_mut() = self.headers.clone();
-        let response = self.client.export(request).await?.into_inner();
-        if let Some(partial) = response.partial_success.filter(|p| p.rejected_profiles > 0) {
-            tracing::warn!(rejected = partial.rejected_profiles, "OTLP receiver rejected profiles: {}", partial.error_message);
-        }
-        Ok(last)
-    }
-}
 
 /// The OTLP dictionary of one request: every table starts with its zero value at index 0,
 /// and nothing appears twice.

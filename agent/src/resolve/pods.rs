@@ -13,7 +13,8 @@ use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{watcher, WatchStreamExt as _};
 
-use crate::{metrics, relabel::Labels};
+use super::relabel::Labels;
+use crate::ops::metrics;
 
 /// How long a deleted pod's labels stay: samples drained after the pod is gone still name it.
 const DELETED_GRACE: Duration = Duration::from_secs(120);
@@ -27,18 +28,34 @@ pub enum Source {
     Url(String),
 }
 
-impl Source {
-    /// `auto` (in-cluster when running in a pod, else none), `off`, `in-cluster`, or a URL.
-    pub fn parse(text: &str) -> Result<Option<Source>> {
-        Ok(match text {
-            "off" => None,
-            "auto" => std::env::var_os("KUBERNETES_SERVICE_HOST").map(|_| Source::InCluster),
-            "in-cluster" => Some(Source::InCluster),
-            url if url.starts_with("http://") || url.starts_with("https://") => Some(Source::Url(url.to_string())),
-            other => anyhow::bail!("kubernetes = {other:?}: use auto, off, in-cluster or an http(s):// API server URL"),
-        })
-    }
+/// Pod labels as `settings` resolved them.
+#[derive(Debug, Clone)]
+pub struct PodSettings {
+    pub source: Source,
+    /// Whose pods to watch.
+    pub node: String,
+    /// Fail when the source is unusable (set explicitly), rather than warn and go on (`auto`).
+    pub required: bool,
+}
 
+/// Starts the watch on this node's pods. Returns None, with a warning, when the source is
+/// unusable and not required.
+pub fn start(
+    settings: &PodSettings,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<Option<(Pods, tokio::task::JoinHandle<Result<()>>)>> {
+    let pods = Pods::default();
+    match pods.watch(&settings.source, &settings.node, stop) {
+        Ok(task) => Ok(Some((pods, task))),
+        Err(e) if !settings.required => {
+            tracing::warn!("no Kubernetes pod labels: {e:#}");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+impl Source {
     fn client(&self) -> Result<kube::Client> {
         let config = match self {
             Source::InCluster => kube::Config::incluster().context("in-cluster Kubernetes config")?,
@@ -272,13 +289,5 @@ mod tests {
         pods.0.write().unwrap().expire(later);
         assert!(!target(&pods, &[("container_id", "c1")]).contains_key("pod"));
         assert_eq!(target(&pods, &[("container_id", "c2")])["pod"], "b");
-    }
-
-    #[test]
-    fn sources_parse() {
-        assert_eq!(Source::parse("off").unwrap(), None);
-        assert_eq!(Source::parse("in-cluster").unwrap(), Some(Source::InCluster));
-        assert_eq!(Source::parse("http://127.0.0.1:8001").unwrap(), Some(Source::Url("http://127.0.0.1:8001".into())));
-        assert!(Source::parse("kube.local").unwrap_err().to_string().contains("use auto, off"));
     }
 }

@@ -12,7 +12,8 @@ use anyhow::{Context as _, Result};
 use ember_proto::ember::Profile;
 use prost::Message;
 
-use crate::{metrics, output::write_atomic};
+use super::files::write_atomic;
+use crate::ops::metrics;
 
 const NEXT_SEQUENCE: &str = "next-sequence";
 const EXTENSION: &str = "profile";

@@ -5,12 +5,12 @@ use std::{collections::HashMap, sync::Arc, time::SystemTime};
 
 use agent_common::{counter, kind, stack_status, SampleKey, SampleValue};
 
-use crate::{
+use super::{
     procs::{ProcessTable, UserAddress},
     relabel::Labels,
-    sampler::RawInterval,
     targets::Targets,
 };
+use crate::kernel::RawInterval;
 
 /// A frame position that holds no address: why a stack is missing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

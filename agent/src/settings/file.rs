@@ -1,16 +1,22 @@
-//! Configuration: a TOML file, overridden by command-line flags. Unknown keys are errors, so
-//! a typo never silently falls back to a default.
+//! The configuration file (TOML), as written: every key optional, unknown keys are errors (so
+//! a typo never silently falls back to a default). `settings` merges it with the flags.
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::{bail, Context as _, Result};
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
-use crate::sampler::Event;
+use crate::{kernel::Event, resolve::relabel::RuleConfig};
 
-pub const DEFAULT_DAEMON_FREQUENCY: u64 = 19;
-pub const DEFAULT_RECORD_FREQUENCY: u64 = 99;
-pub const DEFAULT_MAX_KEYS: u32 = 10_240;
-pub const DEFAULT_MAX_STACKS: u32 = 8_192;
+/// `event = "cpu-clock"`: the kernel stage's event, by the name it prints.
+impl<'de> Deserialize<'de> for Event {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Event, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        Event::ALL.into_iter().find(|e| e.name() == name).ok_or_else(|| {
+            let names: Vec<&str> = Event::ALL.iter().map(|e| e.name()).collect();
+            serde::de::Error::custom(format!("unknown event {name:?}: use {}", names.join(", ")))
+        })
+    }
+}
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -57,7 +63,7 @@ pub struct FileConfig {
     pub kubernetes: Option<String>,
     pub node_name: Option<String>,
     /// Relabel rules applied to each sample's target labels, in order.
-    pub relabel: Option<Vec<crate::relabel::RuleConfig>>,
+    pub relabel: Option<Vec<RuleConfig>>,
 }
 
 impl FileConfig {

@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result};
 use axum::{http::StatusCode, routing::get, Router};
 use tokio::net::TcpListener;
 
-use crate::metrics;
+use super::metrics;
 
 /// What the probes ask about: the programs are attached (ready), and the drain loop still
 /// turns (live).

@@ -14,7 +14,7 @@ use ember_proto::{
 use tokio_stream::{wrappers::ReceiverStream, Stream};
 use tonic::{transport::ServerTlsConfig, Request, Response, Status};
 
-use crate::spool::Spool;
+use super::spool::Spool;
 
 const POLL: Duration = Duration::from_millis(500);
 

@@ -1,5 +1,6 @@
-//! Writes an interval's outputs. Files appear whole (written aside, then renamed), so a
-//! collector or a person never reads a half-written profile.
+//! Local files: where an interval's profile and its views go, and how they are written. Files
+//! appear whole (written aside, then renamed), so a collector or a person never reads a
+//! half-written profile. The pipeline writes them; the spool writes its entries the same way.
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -9,18 +10,18 @@ use std::{
 use anyhow::{Context as _, Result};
 
 #[derive(Debug, Clone, Default)]
-pub struct Outputs {
+pub struct FileOutputs {
     pub pprof: Option<PathBuf>,
     pub folded: Option<PathBuf>,
     pub flamegraph: Option<PathBuf>,
 }
 
-impl Outputs {
+impl FileOutputs {
     /// The daemon's per-interval file names: <dir>/<kind>-<UTC start>.{pb.gz,folded,svg}.
-    pub fn in_dir(dir: &Path, kind: &str, start: SystemTime, flamegraphs: bool) -> Outputs {
+    pub fn in_dir(dir: &Path, kind: &str, start: SystemTime, flamegraphs: bool) -> FileOutputs {
         let base = dir.join(format!("{kind}-{}", utc_stamp(start)));
         let with = |ext: &str| PathBuf::from(format!("{}.{ext}", base.display()));
-        Outputs {
+        FileOutputs {
             pprof: Some(with("pb.gz")),
             folded: flamegraphs.then(|| with("folded")),
             flamegraph: flamegraphs.then(|| with("svg")),

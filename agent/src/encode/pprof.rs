@@ -8,29 +8,11 @@ use agent_common::counter;
 use ember_proto::pprof::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
 use ember_pprof::{StringIndex, KERNEL_MAPPING};
 
+use super::kinds::{attribution_label, state_label, tracepoint_label, ProfileKind};
 use crate::{
-    procs::UserAddress,
-    profiles::{attribution_label, state_label, tracepoint_label, ProfileKind},
-    resolve::{ResolvedInterval, Site},
+    resolve::{ResolvedInterval, Site, UserAddress},
     symbolize::{Frame, Symbolizer},
 };
-
-/// Counter names as written in profile comments ("ember.counter.<name>=<value>").
-pub const COUNTER_NAMES: [(u32, &str); counter::COUNT as usize] = [
-    (counter::SAMPLES, "samples"),
-    (counter::MAP_FULL, "map_full"),
-    (counter::USER_STACK_COLLISION, "user_stack_collision"),
-    (counter::KERNEL_STACK_COLLISION, "kernel_stack_collision"),
-    (counter::USER_STACK_ERROR, "user_stack_error"),
-    (counter::KERNEL_STACK_ERROR, "kernel_stack_error"),
-    (counter::PROCESS_EVENT_LOST, "process_event_lost"),
-    (counter::IDLE, "idle"),
-    (counter::FILTERED, "filtered"),
-    (counter::OFF_CPU_TABLE_FULL, "off_cpu_table_full"),
-    (counter::OFF_CPU_OUT_OF_RANGE, "off_cpu_out_of_range"),
-    (counter::NET_EVENTS, "net_events"),
-    (counter::OFF_CPU_BLOCKS, "off_cpu_blocks"),
-];
 
 pub struct ProfileInfo<'a> {
     pub event: &'a str,
@@ -202,7 +184,7 @@ pub fn build(interval: &ResolvedInterval, symbols: &Symbolizer, info: &ProfileIn
         info.frequency
     )];
     comments.extend(kind.comment().map(str::to_string));
-    comments.extend(COUNTER_NAMES.iter().map(|(i, name)| format!("ember.counter.{name}={}", interval.counter(*i))));
+    comments.extend(counter::NAMES.iter().map(|(i, name)| format!("ember.counter.{name}={}", interval.counter(*i))));
     comments.push(format!("ember.counter.relabel_dropped={}", interval.relabel_dropped));
     b.profile.comment = comments.iter().map(|c| b.string(c)).collect();
     b.profile

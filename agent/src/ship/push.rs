@@ -1,5 +1,5 @@
-//! Shipping: sends spooled profiles to a destination (Ember's collector, or an OTLP receiver),
-//! oldest first, in batches. While the destination is unreachable it retries with exponential
+//! Shipping: sends spooled profiles to a sink (Ember's collector, or an OTLP receiver),
+//! oldest first, in batches. While the sink is unreachable it retries with exponential
 //! backoff and jitter; profiles wait in the spool meanwhile, so an outage loses nothing (up to
 //! the spool's size).
 use std::{future::Future, sync::Arc, time::Duration};
@@ -14,7 +14,8 @@ use tonic::{
     Code, Status,
 };
 
-use crate::{metrics, spool::Spool};
+use super::spool::Spool;
+use crate::ops::metrics;
 
 const BATCH: usize = 16;
 const IDLE_POLL: Duration = Duration::from_millis(500);
@@ -22,7 +23,7 @@ const MIN_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Where a shipper sends profiles.
-pub trait Destination: Send + 'static {
+pub trait Sink: Send + 'static {
     /// What it is, for logs.
     const NAME: &'static str;
     /// Sends profiles (oldest first); returns the highest sequence now stored there.
@@ -30,26 +31,26 @@ pub trait Destination: Send + 'static {
 }
 
 /// Lazily connected, with a per-request timeout: the agent starts profiling even if the
-/// destination is down, and a hung one does not hold profiles forever.
+/// sink is down, and a hung one does not hold profiles forever.
 pub fn channel(endpoint: Endpoint) -> Channel {
     endpoint.timeout(Duration::from_secs(30)).connect_lazy()
 }
 
 /// Ember's collector (ember.v1.Collector/Push).
-pub struct Collector {
+pub struct CollectorSink {
     client: CollectorClient<Channel>,
     agent: AgentIdentity,
     /// Sent with every push when the collector requires a token.
     bearer: Bearer,
 }
 
-impl Collector {
-    pub fn new(endpoint: Endpoint, agent: AgentIdentity, token: Option<&str>) -> Result<Collector> {
-        Ok(Collector { client: CollectorClient::new(channel(endpoint)), agent, bearer: Bearer::new(token)? })
+impl CollectorSink {
+    pub fn new(endpoint: Endpoint, agent: AgentIdentity, token: Option<&str>) -> Result<CollectorSink> {
+        Ok(CollectorSink { client: CollectorClient::new(channel(endpoint)), agent, bearer: Bearer::new(token)? })
     }
 }
 
-impl Destination for Collector {
+impl Sink for CollectorSink {
     const NAME: &'static str = "collector";
 
     async fn send(&mut self, profiles: Vec<Profile>) -> Result<u64, Status> {
@@ -58,15 +59,15 @@ impl Destination for Collector {
     }
 }
 
-pub struct Shipper<D> {
-    destination: D,
+pub struct Shipper<S> {
+    sink: S,
     spool: Arc<Spool>,
     backoff: Duration,
 }
 
-impl<D: Destination> Shipper<D> {
-    pub fn new(destination: D, spool: Arc<Spool>) -> Shipper<D> {
-        Shipper { destination, spool, backoff: MIN_BACKOFF }
+impl<S: Sink> Shipper<S> {
+    pub fn new(sink: S, spool: Arc<Spool>) -> Shipper<S> {
+        Shipper { sink, spool, backoff: MIN_BACKOFF }
     }
 
     /// Sends one batch. Ok(true): something was sent; Ok(false): the spool is empty.
@@ -75,22 +76,22 @@ impl<D: Destination> Shipper<D> {
         let Some(last) = profiles.last().map(|p| p.sequence) else { return Ok(false) };
         let count = profiles.len();
         let started = std::time::Instant::now();
-        let sent = self.destination.send(profiles).await;
-        metrics::add("ember_ship_seconds_sum", &[("sink", D::NAME)], started.elapsed().as_secs_f64());
-        metrics::add("ember_ship_seconds_count", &[("sink", D::NAME)], 1.0);
+        let sent = self.sink.send(profiles).await;
+        metrics::add("ember_ship_seconds_sum", &[("sink", S::NAME)], started.elapsed().as_secs_f64());
+        metrics::add("ember_ship_seconds_count", &[("sink", S::NAME)], 1.0);
         if sent.as_ref().is_err_and(|status| status.code() != Code::InvalidArgument) {
-            metrics::add("ember_ship_failures_total", &[("sink", D::NAME)], 1.0);
+            metrics::add("ember_ship_failures_total", &[("sink", S::NAME)], 1.0);
         }
         match sent {
             Ok(stored) => {
                 self.spool.remove_through(stored).map_err(spool_error)?;
                 Ok(true)
             }
-            // The destination refused the content: retrying cannot help. Say so and move on,
+            // The sink refused the content: retrying cannot help. Say so and move on,
             // rather than block every later profile behind it.
             Err(status) if status.code() == Code::InvalidArgument => {
-                tracing::error!("{} refused profiles up to {last}: {}", D::NAME, status.message());
-                metrics::add("ember_lost_total", &[("reason", "refused"), ("sink", D::NAME)], count as f64);
+                tracing::error!("{} refused profiles up to {last}: {}", S::NAME, status.message());
+                metrics::add("ember_lost_total", &[("reason", "refused"), ("sink", S::NAME)], count as f64);
                 self.spool.remove_through(last).map_err(spool_error)?;
                 Ok(true)
             }
@@ -114,7 +115,7 @@ impl<D: Destination> Shipper<D> {
             let wait = match self.send_batch().await {
                 Ok(true) => {
                     if failing {
-                        tracing::info!("{} reachable again: sending spooled profiles", D::NAME);
+                        tracing::info!("{} reachable again: sending spooled profiles", S::NAME);
                         failing = false;
                     }
                     self.backoff = MIN_BACKOFF;
@@ -124,7 +125,7 @@ impl<D: Destination> Shipper<D> {
                 Err(status) => {
                     if !failing {
                         // Unreachable, overloaded, or refusing this agent's token: retry, spooling.
-                        tracing::warn!(code = ?status.code(), "sending to {} failed, spooling profiles until it works: {}", D::NAME, status.message());
+                        tracing::warn!(code = ?status.code(), "sending to {} failed, spooling profiles until it works: {}", S::NAME, status.message());
                         failing = true;
                     }
                     let wait = jitter(self.backoff);

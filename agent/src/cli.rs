@@ -1,0 +1,157 @@
+//! The command line, as typed: clap's view of `ember-agent run` and `record`. Only `main` and
+//! `settings` read these types; `settings` turns them into what the stages receive.
+use std::{path::PathBuf, time::Duration};
+
+use clap::{builder::PossibleValue, Args, ValueEnum};
+
+use crate::{kernel::Event, settings::parse_duration};
+
+/// `--event cpu-clock`: the kernel stage's event, by the name it prints.
+impl ValueEnum for Event {
+    fn value_variants<'a>() -> &'a [Event] {
+        &Event::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(PossibleValue::new(self.name()))
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// TOML configuration file (flags override it).
+    #[arg(short, long)]
+    pub config: Option<PathBuf>,
+    /// Length of one profile [default: 10s].
+    #[arg(long)]
+    pub interval: Option<String>,
+    /// Directory for the profiles [default: ./ember-profiles].
+    #[arg(short, long)]
+    pub output_dir: Option<PathBuf>,
+    /// Also write folded stacks and an SVG flame graph per interval.
+    #[arg(long)]
+    pub flamegraphs: bool,
+    /// Push profiles to this collector (e.g. http://127.0.0.1:7070); local files are then
+    /// written only if --output-dir is given.
+    #[arg(long)]
+    pub push: Option<String>,
+    /// Where profiles wait until the collector has them [default: ./ember-spool].
+    #[arg(long)]
+    pub spool_dir: Option<PathBuf>,
+    /// Spool size limit in MiB; past it the oldest profiles are dropped [default: 256].
+    #[arg(long)]
+    pub spool_max_mib: Option<u64>,
+    /// This agent's identity at the collector [default: the host name].
+    #[arg(long)]
+    pub agent_id: Option<String>,
+    /// Bearer token file: sent with pushes; with --serve, required of pullers.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// TLS CA (PEM). Push: the CA that signed the collector's certificate (for an https://
+    /// --push). Serve: collectors must present a certificate it signed (mutual TLS).
+    #[arg(long)]
+    pub tls_ca: Option<PathBuf>,
+    /// This agent's certificate (PEM): its client identity for mutual TLS when pushing, its
+    /// server identity when serving ...
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// ... and its private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Push: the name to expect in the collector's certificate [default: the URL's host].
+    #[arg(long)]
+    pub tls_domain: Option<String>,
+    /// Push plaintext (http://) to a collector on another host, or serve plaintext on a
+    /// non-loopback address (both are refused without it).
+    #[arg(long)]
+    pub plaintext: bool,
+    /// Also export profiles over OTLP (gRPC) to this OpenTelemetry profiles receiver (e.g.
+    /// http://127.0.0.1:4317), from its own spool.
+    #[arg(long)]
+    pub otlp: Option<String>,
+    /// A header on every OTLP export, name=value (repeat for several), e.g. a tenant id.
+    #[arg(long)]
+    pub otlp_header: Vec<String>,
+    /// Serve /healthz, /readyz and /metrics (Prometheus) over HTTP on this address (e.g.
+    /// 0.0.0.0:7073).
+    #[arg(long)]
+    pub http: Option<std::net::SocketAddr>,
+    /// Pull mode: serve profiles to collectors on this gRPC address (e.g. 0.0.0.0:7072).
+    #[arg(long)]
+    pub serve: Option<std::net::SocketAddr>,
+    /// Pull mode: how many of the newest profiles to keep for collectors [default: 360].
+    #[arg(long)]
+    pub keep: Option<usize>,
+    /// Pod name, namespace, container name and pod labels from Kubernetes: auto (in-cluster
+    /// when running in a pod), off, in-cluster, or an API server URL that needs no credentials
+    /// (e.g. http://127.0.0.1:8001 from kubectl proxy) [default: auto].
+    #[arg(long)]
+    pub kubernetes: Option<String>,
+    /// This node's name: the `node` label, and whose pods to watch [default: $NODE_NAME].
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct RecordArgs {
+    /// How long to profile (e.g. 10s, 500ms, 2m).
+    #[arg(short, long, default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// pprof output (gzipped profile.proto).
+    #[arg(short, long, default_value = "profile.pb.gz")]
+    pub output: PathBuf,
+    /// Also write folded stacks here.
+    #[arg(long)]
+    pub folded: Option<PathBuf>,
+    /// Also write an SVG flame graph here.
+    #[arg(long)]
+    pub flamegraph: Option<PathBuf>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+/// Sampling options shared by `run` and `record`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct SamplingArgs {
+    /// Event groups to record: cpu (on-CPU sampling), offcpu (blocked time, by where threads
+    /// blocked; with cpu also a wall-clock profile), net (network tracepoints) [default: cpu].
+    #[arg(long, value_delimiter = ',', value_parser = ["cpu", "offcpu", "net"])]
+    pub events: Vec<String>,
+    /// Network tracepoints for the net group [default: net:net_dev_queue,
+    /// net:netif_receive_skb, tcp:tcp_retransmit_skb, skb:kfree_skb].
+    #[arg(long, value_delimiter = ',')]
+    pub net_events: Vec<String>,
+    /// Off-CPU: ignore blocks shorter than this (e.g. 100us, 1ms) [default: 0].
+    #[arg(long)]
+    pub offcpu_min_block: Option<String>,
+    /// Off-CPU: ignore blocks longer than this [default: none].
+    #[arg(long)]
+    pub offcpu_max_block: Option<String>,
+    /// Off-CPU: task states to include [default: sleeping,uninterruptible,preempted].
+    #[arg(long, value_delimiter = ',', value_parser = ["sleeping", "uninterruptible", "preempted"])]
+    pub offcpu_states: Vec<String>,
+    /// Off-CPU: record one block in N (each counted N times) to bound cost [default: 1].
+    #[arg(long)]
+    pub offcpu_sample_ratio: Option<u32>,
+    /// Samples per second per CPU [run: 19, record: 99].
+    #[arg(short = 'F', long)]
+    pub frequency: Option<u64>,
+    /// Perf event that triggers sampling [default: cpu-clock].
+    #[arg(long, value_enum)]
+    pub event: Option<Event>,
+    /// Only profile this process (repeat for several).
+    #[arg(short, long = "pid")]
+    pub pids: Vec<u32>,
+    /// Only profile this cgroup (path, absolute or relative to the cgroup2 mount).
+    #[arg(long)]
+    pub cgroup: Option<String>,
+    /// Distinct (thread, stack) keys kept per interval; samples beyond are counted as lost.
+    #[arg(long)]
+    pub max_keys: Option<u32>,
+    /// Distinct stacks kept per interval.
+    #[arg(long)]
+    pub max_stacks: Option<u32>,
+}
+

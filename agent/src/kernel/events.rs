@@ -1,0 +1,108 @@
+//! What the kernel side can be asked to record: the perf event that drives on-CPU sampling,
+//! the network tracepoints, and the resolved settings the loader receives. Parsing user input
+//! into these is the settings module's job; this one only knows what exists.
+use agent_common::{kind, names};
+use aya::programs::perf_event::{HardwareEvent, PerfEventConfig, SoftwareEvent};
+
+/// The perf event that drives sampling. Software `cpu-clock` works everywhere, including VMs
+/// without a PMU; hardware events need one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    CpuClock,
+    TaskClock,
+    Cycles,
+    Instructions,
+}
+
+impl Event {
+    pub const ALL: [Event; 4] = [Event::CpuClock, Event::TaskClock, Event::Cycles, Event::Instructions];
+
+    pub(super) fn config(self) -> PerfEventConfig {
+        match self {
+            Event::CpuClock => PerfEventConfig::Software(SoftwareEvent::CpuClock),
+            Event::TaskClock => PerfEventConfig::Software(SoftwareEvent::TaskClock),
+            Event::Cycles => PerfEventConfig::Hardware(HardwareEvent::CpuCycles),
+            Event::Instructions => PerfEventConfig::Hardware(HardwareEvent::Instructions),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Event::CpuClock => "cpu-clock",
+            Event::TaskClock => "task-clock",
+            Event::Cycles => "cycles",
+            Event::Instructions => "instructions",
+        }
+    }
+}
+
+/// A network tracepoint Ember can record, as an index into `names::NET_PROGRAMS`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NetEvent(pub usize);
+
+impl NetEvent {
+    /// What `--net-events` defaults to: one transmit and one receive point (net_dev_xmit
+    /// and napi_gro_receive_entry would count the same packets again), retransmits, drops.
+    pub const DEFAULT: [&str; 4] = ["net:net_dev_queue", "net:netif_receive_skb", "tcp:tcp_retransmit_skb", "skb:kfree_skb"];
+
+    /// The tracepoint `category:name`, if Ember has a program for it.
+    pub fn find(category: &str, name: &str) -> Option<NetEvent> {
+        names::NET_PROGRAMS.iter().position(|&(_, c, n)| c == category && n == name).map(NetEvent)
+    }
+
+    /// Every tracepoint Ember has a program for, as "category:name".
+    pub fn supported() -> Vec<String> {
+        names::NET_PROGRAMS.iter().map(|(_, c, n)| format!("{c}:{n}")).collect()
+    }
+
+    pub fn kind(self) -> u8 {
+        kind::FIRST_NET + self.0 as u8
+    }
+
+    pub fn tracepoint(self) -> (&'static str, &'static str) {
+        let (_, category, name) = names::NET_PROGRAMS[self.0];
+        (category, name)
+    }
+
+    pub(super) fn program(self) -> &'static str {
+        names::NET_PROGRAMS[self.0].0
+    }
+}
+
+/// Everything the loader needs, resolved and validated by `settings`.
+#[derive(Clone, Debug)]
+pub struct KernelSettings {
+    /// On-CPU sampling (perf event on every CPU).
+    pub cpu: bool,
+    pub event: Event,
+    pub frequency: u64,
+    /// Off-CPU tracking (sched_switch), if enabled.
+    pub off_cpu: Option<OffCpuSettings>,
+    /// Network tracepoints to record.
+    pub net: Vec<NetEvent>,
+    /// Distinct (thread, stack) keys per interval; events beyond are counted as `map_full`.
+    pub max_keys: u32,
+    /// Distinct stacks per interval (user and kernel share the map).
+    pub max_stacks: u32,
+    /// Only these processes (empty: all).
+    pub pids: Vec<u32>,
+    /// Only this cgroup v2 id.
+    pub cgroup_id: Option<u64>,
+}
+
+impl KernelSettings {
+    /// Whether any enabled network event is one of `kinds` (`agent_common::kind`).
+    pub fn records_net(&self, kinds: &[u8]) -> bool {
+        self.net.iter().any(|e| kinds.contains(&e.kind()))
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct OffCpuSettings {
+    /// `agent_common::block_state` bits to include.
+    pub states: u32,
+    pub min_block_ns: u64,
+    pub max_block_ns: u64,
+    /// Record one block in `ratio` (counted `ratio` times).
+    pub ratio: u32,
+}

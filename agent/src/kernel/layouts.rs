@@ -1,0 +1,59 @@
+//! Where the kernel keeps the fields the programs read, discovered at start-up rather than
+//! hard-coded: tracepoint field offsets from tracefs format files, and `sk_buff.sk` from kernel
+//! BTF. The loader passes them to the programs as globals.
+use agent_common::{kind, FieldLayout, SwitchLayout};
+use anyhow::Result;
+
+use super::{btf::Btf, events::NetEvent, tracefs::Format};
+
+pub(super) fn switch_layout() -> Result<SwitchLayout> {
+    let format = Format::read("sched", "sched_switch")?;
+    let (prev_state, prev_state_size) = format.field("prev_state")?;
+    if prev_state_size != 4 && prev_state_size != 8 {
+        anyhow::bail!("sched:sched_switch prev_state is {prev_state_size} bytes: expected 4 or 8");
+    }
+    Ok(SwitchLayout {
+        prev_pid: format.offset("prev_pid")?,
+        prev_state,
+        prev_state_size,
+        next_pid: format.offset("next_pid")?,
+    })
+}
+
+/// Field offsets of every enabled network tracepoint; `NONE` for the others.
+pub(super) fn net_layouts(events: &[NetEvent]) -> Result<[FieldLayout; 6]> {
+    let mut layouts = [FieldLayout::NONE; 6];
+    for event in events {
+        let (category, name) = event.tracepoint();
+        let format = Format::read(category, name)?;
+        let absent = FieldLayout::ABSENT;
+        layouts[event.0] = FieldLayout {
+            len: format.optional("len").unwrap_or(absent),
+            name: format.optional("name").unwrap_or(absent),
+            reason: format.optional("reason").unwrap_or(absent),
+            skbaddr: format.optional("skbaddr").unwrap_or(absent),
+        };
+    }
+    Ok(layouts)
+}
+
+/// Offsets that attribute transmits to the socket's last sender: sk_buff.sk from kernel BTF
+/// and sock:sock_send_length's fields. None when no transmit event is recorded; without BTF
+/// or that tracepoint, transmits are attributed to the current task (with a warning).
+pub(super) fn transmit_attribution(events: &[NetEvent]) -> Result<Option<(u32, u32, u32)>> {
+    if !events.iter().any(|e| e.kind() == kind::NET_DEV_QUEUE || e.kind() == kind::NET_DEV_XMIT) {
+        return Ok(None);
+    }
+    let offsets = (|| -> Result<(u32, u32, u32)> {
+        let skb_sk = Btf::from_sys_fs()?.member_offset("sk_buff", "sk")?;
+        let send = Format::read("sock", "sock_send_length")?;
+        Ok((skb_sk, send.offset("sk")?, send.offset("ret")?))
+    })();
+    match offsets {
+        Ok(offsets) => Ok(Some(offsets)),
+        Err(e) => {
+            tracing::warn!("transmits will be attributed to the current task, not the socket's sender: {e:#}");
+            Ok(None)
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! Loads the BPF object with the run's settings and attaches its programs: the perf event on
+//! every online CPU, and the tracepoints the settings enable. What it returns owns the
+//! programs: dropping it detaches them.
+use std::{collections::HashMap, time::SystemTime};
+
+use agent_common::{names, OffCpuStart, SampleKey, SampleValue, SocketOwner};
+use anyhow::{Context as _, Result};
+use aya::{
+    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap},
+    programs::{
+        perf_event::{PerfEventScope, SamplePolicy},
+        PerfEvent, TracePoint,
+    },
+    util::{nr_cpus, online_cpus},
+    Ebpf, EbpfLoader,
+};
+
+use super::{
+    announce::Announcements,
+    events::{Event, KernelSettings},
+    layouts::{net_layouts, switch_layout, transmit_attribution},
+};
+
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ember"));
+
+pub(super) struct BufferSet {
+    pub(super) counts: PerCpuHashMap<MapData, SampleKey, SampleValue>,
+    pub(super) stacks: StackTraceMap<MapData>,
+    pub(super) counters: PerCpuArray<MapData, u64>,
+}
+
+pub struct Sampler {
+    // Owns the programs; dropping it detaches them.
+    _ebpf: Ebpf,
+    pub(super) sets: [BufferSet; 2],
+    pub(super) active: Array<MapData, u32>,
+    /// Interval number; the programs write to set `generation & 1`.
+    pub(super) generation: u32,
+    pub(super) active_index: u32,
+    pub(super) active_since: SystemTime,
+    pub(super) nr_cpus: usize,
+    /// Threads blocked off-CPU, with where they blocked (off-CPU only).
+    pub(super) off_cpu_start: Option<BpfHashMap<MapData, u32, OffCpuStart>>,
+    /// Sockets' last senders (transmit attribution only).
+    pub(super) sock_owner: Option<BpfHashMap<MapData, u64, SocketOwner>>,
+    /// Each set's stacks as read at its last drain, by id.
+    pub(super) last_stacks: [HashMap<u32, Vec<u64>>; 2],
+}
+
+impl Sampler {
+    /// Loads and attaches the programs. Also returns the kernel's announcements of new
+    /// processes, for the caller to poll. Must be called inside a tokio runtime.
+    pub fn start(settings: &KernelSettings) -> Result<(Sampler, Announcements)> {
+        let filter_tgids = u8::from(!settings.pids.is_empty());
+        let cgroup = settings.cgroup_id.unwrap_or(0);
+        let switch = settings.off_cpu.as_ref().map(|_| switch_layout()).transpose()?;
+        let net_layouts = net_layouts(&settings.net)?;
+        let attribution = transmit_attribution(&settings.net)?;
+        let mut loader = EbpfLoader::new();
+        // The programs read no kernel structures (no CO-RE relocations), so parsing the
+        // kernel's BTF (~20 MB of peak memory) buys nothing.
+        loader.btf(None);
+        loader.override_global(names::FILTER_TGIDS, &filter_tgids, true);
+        loader.override_global(names::FILTER_CGROUP, &cgroup, true);
+        loader.override_global(names::NET_LAYOUTS, &net_layouts[..], true);
+        if let Some((skb_sk, send_sk, send_ret)) = &attribution {
+            loader.override_global(names::SKB_SK_OFFSET, skb_sk, true);
+            loader.override_global(names::SEND_SK_OFFSET, send_sk, true);
+            loader.override_global(names::SEND_RET_OFFSET, send_ret, true);
+        }
+        if let (Some(off_cpu), Some(switch)) = (&settings.off_cpu, &switch) {
+            loader.override_global(names::SWITCH_LAYOUT, switch, true);
+            loader.override_global(names::OFF_CPU_STATES, &off_cpu.states, true);
+            loader.override_global(names::OFF_CPU_MIN_NS, &off_cpu.min_block_ns, true);
+            loader.override_global(names::OFF_CPU_MAX_NS, &off_cpu.max_block_ns, true);
+            loader.override_global(names::OFF_CPU_RATIO, &off_cpu.ratio, true);
+        }
+        // Features that are off get one-entry maps: preallocated maps cost kernel memory.
+        if settings.off_cpu.is_none() {
+            loader.map_max_entries(names::OFF_CPU_START, 1);
+        }
+        if attribution.is_none() {
+            loader.map_max_entries(names::SOCK_OWNER, 1);
+        }
+        for name in names::COUNTS {
+            loader.map_max_entries(name, settings.max_keys.max(1));
+        }
+        for name in names::STACKS {
+            loader.map_max_entries(name, settings.max_stacks.max(1));
+        }
+        let mut ebpf = loader.load(OBJECT).map_err(|e| anyhow::anyhow!("loading the BPF object failed: {e}{}", chain(&e)))?;
+
+        let mut filter: BpfHashMap<_, u32, u8> = BpfHashMap::try_from(take(&mut ebpf, names::TGID_FILTER)?)?;
+        for pid in &settings.pids {
+            filter.insert(pid, 1, 0).context("writing the pid filter")?;
+        }
+
+        attach_tracepoint(&mut ebpf, names::PROG_EXEC, "sched", "sched_process_exec")?;
+        if settings.off_cpu.is_some() {
+            attach_tracepoint(&mut ebpf, names::PROG_SWITCH, "sched", "sched_switch")?;
+        }
+        if attribution.is_some() {
+            attach_tracepoint(&mut ebpf, names::PROG_SEND, "sock", "sock_send_length")?;
+        }
+        for event in &settings.net {
+            let (category, name) = event.tracepoint();
+            attach_tracepoint(&mut ebpf, event.program(), category, name)?;
+        }
+        if settings.cpu {
+            let prog: &mut PerfEvent = ebpf.program_mut(names::PROG_SAMPLE).context("program missing")?.try_into()?;
+            prog.load().map_err(|e| anyhow::anyhow!("loading {}: {e}{}", names::PROG_SAMPLE, chain(&e)))?;
+            let cpus = online_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))?;
+            for cpu in cpus {
+                prog.attach(
+                    settings.event.config(),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(settings.frequency),
+                    false,
+                )
+                .map_err(|e| perf_open_error(settings.event, cpu, &e))?;
+            }
+        }
+
+        let sets = [0, 1].map(|i| -> Result<BufferSet> {
+            Ok(BufferSet {
+                counts: PerCpuHashMap::try_from(take(&mut ebpf, names::COUNTS[i])?)?,
+                stacks: StackTraceMap::try_from(take(&mut ebpf, names::STACKS[i])?)?,
+                counters: PerCpuArray::try_from(take(&mut ebpf, names::COUNTERS[i])?)?,
+            })
+        });
+        let [a, b] = sets;
+        let sets = [a?, b?];
+        let active = Array::try_from(take(&mut ebpf, names::ACTIVE_SET)?)?;
+        let process_events = RingBuf::try_from(take(&mut ebpf, names::PROCESS_EVENTS)?)?;
+        let nr_cpus = nr_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))?;
+        // The filter map must outlive loading only; the program keeps its own reference.
+        drop(filter);
+        let off_cpu_start = match settings.off_cpu {
+            Some(_) => Some(BpfHashMap::try_from(take(&mut ebpf, names::OFF_CPU_START)?)?),
+            None => None,
+        };
+        let sock_owner = match attribution {
+            Some(_) => Some(BpfHashMap::try_from(take(&mut ebpf, names::SOCK_OWNER)?)?),
+            None => None,
+        };
+        let sampler = Sampler {
+            _ebpf: ebpf,
+            sets,
+            active,
+            generation: 0,
+            active_index: 0,
+            active_since: SystemTime::now(),
+            nr_cpus,
+            off_cpu_start,
+            sock_owner,
+            last_stacks: Default::default(),
+        };
+        Ok((sampler, Announcements::new(process_events)?))
+    }
+}
+
+/// Loads and attaches one tracepoint program.
+fn attach_tracepoint(ebpf: &mut Ebpf, program: &str, category: &str, name: &str) -> Result<()> {
+    let prog: &mut TracePoint = ebpf.program_mut(program).context("program missing")?.try_into()?;
+    prog.load().map_err(|e| anyhow::anyhow!("loading {program}: {e}{}", chain(&e)))?;
+    prog.attach(category, name)
+        .map_err(|e| anyhow::anyhow!("attaching to tracepoint {category}:{name}: {e}{}", chain(&e)))?;
+    Ok(())
+}
+
+fn take(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
+    ebpf.take_map(name).with_context(|| format!("BPF object has no map {name}"))
+}
+
+/// Appends the sources of an error, which aya keeps out of its Display.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut out = String::new();
+    let mut source = error.source();
+    while let Some(e) = source {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        source = e.source();
+    }
+    out
+}
+
+fn perf_open_error(event: Event, cpu: u32, error: &aya::programs::ProgramError) -> anyhow::Error {
+    let detail = chain(error);
+    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").unwrap_or_default();
+    if detail.contains("No such file") || detail.contains("not supported") || detail.contains("Operation not supported") {
+        anyhow::anyhow!(
+            "perf event {} is not supported on this machine (no hardware PMU?): use --event cpu-clock",
+            event.name()
+        )
+    } else if detail.contains("Permission denied") || detail.contains("not permitted") {
+        anyhow::anyhow!(
+            "perf_event_open on CPU {cpu} was refused (kernel.perf_event_paranoid = {}): run as root or grant CAP_PERFMON",
+            paranoid.trim()
+        )
+    } else {
+        anyhow::anyhow!("attaching the sampler to CPU {cpu} failed: {error}{detail}")
+    }
+}

@@ -1,0 +1,16 @@
+//! Stage 1, the kernel side seen from userspace: checks privileges, discovers tracepoint and
+//! struct layouts, loads and attaches the BPF programs, and drains their double-buffered maps
+//! once per interval. Its only caller is the resolve stage (and `settings`, for validation).
+mod announce;
+mod btf;
+mod drain;
+mod events;
+mod layouts;
+mod load;
+pub mod preflight;
+pub mod tracefs;
+
+pub use announce::Announcements;
+pub use drain::RawInterval;
+pub use events::{Event, KernelSettings, NetEvent, OffCpuSettings};
+pub use load::Sampler;

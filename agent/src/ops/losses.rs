@@ -1,0 +1,44 @@
+//! Losses: every interval's counters, from the kernel's per-CPU counters and the resolve
+//! stage, logged by reason and added to the metrics. The commands call it once per drain; the
+//! same counters also go into each profile's comments (`encode::pprof`).
+use agent_common::counter;
+
+use super::metrics;
+
+/// Logs every loss of the interval by reason (losses are also in the profile's comments), and
+/// counts what the kernel saw and lost in the metrics.
+pub fn report(counters: &[u64; counter::COUNT as usize], relabel_dropped: u64) {
+    let lost = |i: u32| counters[i as usize];
+    for (index, name) in counter::NAMES {
+        let (metric, label) = match index {
+            counter::SAMPLES => ("ember_samples_total", None),
+            counter::NET_EVENTS | counter::OFF_CPU_BLOCKS | counter::IDLE | counter::FILTERED | counter::OFF_CPU_OUT_OF_RANGE => {
+                ("ember_events_total", Some("event"))
+            }
+            _ => ("ember_lost_total", Some("reason")),
+        };
+        let labels: Vec<(&str, &str)> = label.map(|l| (l, name)).into_iter().collect();
+        metrics::add(metric, &labels, lost(index) as f64);
+    }
+    metrics::add("ember_lost_total", &[("reason", "relabel_dropped")], relabel_dropped as f64);
+    metrics::add("ember_intervals_total", &[], 1.0);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    metrics::set("ember_last_interval_timestamp_seconds", &[], now.as_secs_f64());
+    if lost(counter::MAP_FULL) > 0 {
+        tracing::warn!(lost = lost(counter::MAP_FULL), "samples lost: counts map full (raise max_keys)");
+    }
+    let collisions = lost(counter::USER_STACK_COLLISION) + lost(counter::KERNEL_STACK_COLLISION);
+    if collisions > 0 {
+        tracing::warn!(collisions, "stacks lost to stack map hash collisions (raise max_stacks); their samples are kept");
+    }
+    let errors = lost(counter::USER_STACK_ERROR) + lost(counter::KERNEL_STACK_ERROR);
+    if errors > 0 {
+        tracing::warn!(errors, "stacks that could not be captured; their samples are kept");
+    }
+    if lost(counter::OFF_CPU_TABLE_FULL) > 0 {
+        tracing::warn!(lost = lost(counter::OFF_CPU_TABLE_FULL), "off-CPU blocks not tracked: blocked-thread table full");
+    }
+    if lost(counter::PROCESS_EVENT_LOST) > 0 {
+        tracing::warn!(lost = lost(counter::PROCESS_EVENT_LOST), "new-process notifications delayed: ring buffer full");
+    }
+}

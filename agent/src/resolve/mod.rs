@@ -1,0 +1,82 @@
+//! Stage 2, resolve: owns the loaded kernel side, captures new processes when the kernel
+//! announces them (their mappings, while they still run), and turns each drain into a
+//! resolved interval of processes, cgroup labels and binary offsets. The commands call it.
+mod cgroups;
+mod interval;
+pub mod pods;
+mod procs;
+pub mod relabel;
+mod targets;
+
+use agent_common::kind;
+use anyhow::Result;
+
+pub use cgroups::cgroup_id;
+pub use interval::{ResolvedInterval, ResolvedSample, Site};
+pub use procs::{Binary, UserAddress};
+pub use targets::Targets;
+
+use crate::{
+    kernel::{tracefs::Format, Announcements, KernelSettings, Sampler},
+    ops::metrics,
+};
+use interval::{resolve, DropReasons};
+use procs::ProcessTable;
+
+pub struct Resolver {
+    sampler: Sampler,
+    announcements: Announcements,
+    processes: ProcessTable,
+    targets: Targets,
+    drop_reasons: DropReasons,
+    /// Capacities of the counts and stacks maps, for the fill metrics.
+    capacity: (u32, u32),
+}
+
+impl Resolver {
+    /// Loads and attaches the programs. Must be called inside a tokio runtime.
+    pub fn start(settings: &KernelSettings, targets: Targets) -> Result<Resolver> {
+        let (sampler, announcements) = Sampler::start(settings)?;
+        let drop_reasons = if settings.net.iter().any(|e| e.kind() == kind::KFREE_SKB) {
+            Format::read("skb", "kfree_skb")?.symbols("reason")
+        } else {
+            DropReasons::new()
+        };
+        Ok(Resolver {
+            sampler,
+            announcements,
+            processes: ProcessTable::default(),
+            targets,
+            drop_reasons,
+            capacity: (settings.max_keys, settings.max_stacks),
+        })
+    }
+
+    /// Waits for the kernel to announce new processes and captures them. Loop on it.
+    pub async fn capture_new_processes(&mut self) -> Result<()> {
+        self.announcements.readable().await?;
+        self.capture_announced();
+        Ok(())
+    }
+
+    fn capture_announced(&mut self) {
+        for tgid in self.announcements.take() {
+            self.processes.capture(tgid);
+        }
+    }
+
+    /// Ends the current interval: drains the kernel's buffers and resolves the samples.
+    pub fn drain(&mut self) -> Result<ResolvedInterval> {
+        self.capture_announced();
+        let raw = self.sampler.drain()?;
+        for (map, entries, capacity) in [("counts", raw.counts.len(), self.capacity.0), ("stacks", raw.stacks.len(), self.capacity.1)] {
+            metrics::set("ember_map_entries", &[("map", map)], entries as f64);
+            metrics::set("ember_map_capacity", &[("map", map)], capacity as f64);
+            metrics::set("ember_map_fill_ratio", &[("map", map)], entries as f64 / f64::from(capacity.max(1)));
+        }
+        let interval = resolve(raw, &mut self.processes, &mut self.targets, &self.drop_reasons);
+        self.processes.sweep();
+        metrics::set("ember_processes_tracked", &[], self.processes.len() as f64);
+        Ok(interval)
+    }
+}

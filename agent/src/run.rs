@@ -1,0 +1,88 @@
+//! `ember-agent run`: the continuous profiler. Wires the stages together: starts the sinks, the
+//! status server and the pod watch, loads the programs, then every interval drains and
+//! resolves the kernel's buffers and hands the interval to the pipeline. On SIGINT/SIGTERM the
+//! partial interval is flushed and shipped.
+use anyhow::{Context as _, Result};
+use tokio::time::{interval_at, Instant, MissedTickBehavior};
+
+use crate::{
+    kernel::preflight,
+    ops::{losses, metrics, status},
+    pipeline::Pipeline,
+    resolve::{pods, Resolver, Targets},
+    settings::RunSettings,
+    ship::{self, files::FileOutputs},
+    shutdown_signal,
+};
+
+pub async fn run(settings: RunSettings) -> Result<()> {
+    preflight::check()?;
+    if let Some((dir, _)) = &settings.files {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating output directory {}", dir.display()))?;
+    }
+    let (stop_tasks, tasks_stopped) = tokio::sync::watch::channel(false);
+    let until_stopped = move || {
+        let mut stopped = tasks_stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    };
+    let (shipping, mut tasks) = match &settings.ship {
+        Some(ship) => ship::start(ship, &until_stopped).map(|(shipping, tasks)| (Some(shipping), tasks))?,
+        None => (None, vec![]),
+    };
+    metrics::set("ember_build_info", &[("version", env!("CARGO_PKG_VERSION"))], 1.0);
+    let health = status::Health::new(settings.interval);
+    if let Some(address) = settings.http {
+        // Up before the programs load, so probes see "live, not ready" meanwhile.
+        let listener = status::bind(address).await?;
+        tasks.push(tokio::spawn(status::serve(listener, health.clone(), until_stopped())));
+    }
+    let pods = match &settings.pods {
+        Some(pod_settings) => pods::start(pod_settings, until_stopped())?.map(|(pods, task)| {
+            tasks.push(task);
+            pods
+        }),
+        None => None,
+    };
+    let mut resolver = Resolver::start(&settings.kernel, Targets::new(pods, settings.relabel))?;
+    health.set_ready();
+    let pipeline = Pipeline::spawn(settings.kernel.event.name(), settings.kernel.frequency, shipping);
+    let names: Vec<&str> = settings.kinds.iter().map(|k| k.name()).collect();
+    tracing::info!(
+        frequency = settings.kernel.frequency, event = settings.kernel.event.name(), interval = ?settings.interval,
+        files = ?settings.files.as_ref().map(|(dir, _)| dir), profiles = ?names, "profiling every CPU"
+    );
+    let mut ticks = interval_at(Instant::now() + settings.interval, settings.interval);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    let mut stopping = false;
+    while !stopping {
+        tokio::select! {
+            result = resolver.capture_new_processes() => { result?; continue; }
+            _ = ticks.tick() => {}
+            _ = &mut shutdown => {
+                tracing::info!("stopping: flushing the partial interval");
+                stopping = true;
+            }
+        }
+        let interval = resolver.drain()?;
+        health.tick();
+        losses::report(&interval.counters, interval.relabel_dropped);
+        let start = interval.start.unwrap_or_else(std::time::SystemTime::now);
+        let outputs = |kind: &str| match &settings.files {
+            Some((dir, flamegraphs)) => FileOutputs::in_dir(dir, kind, start, *flamegraphs),
+            None => FileOutputs::default(),
+        };
+        pipeline.submit(interval, settings.kinds.iter().map(|kind| (*kind, outputs(kind.name()))).collect());
+    }
+    drop(resolver);
+    // The last interval reaches the spool before the pusher's final attempt.
+    pipeline.finish();
+    let _ = stop_tasks.send(true);
+    for task in tasks {
+        task.await.context("shipping task failed")??;
+    }
+    Ok(())
+}

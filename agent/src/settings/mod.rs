@@ -1,0 +1,303 @@
+//! Settings: the command line and the configuration file merged (flags win), defaulted and
+//! validated in one place, into the typed values each stage receives. Every user error is
+//! found here, before anything is loaded; no stage reads a flag or a file key.
+mod file;
+
+use std::{collections::HashMap, net::SocketAddr, path::PathBuf, time::Duration};
+
+use agent_common::{block_state, kind};
+use anyhow::{bail, ensure, Context as _, Result};
+use ember_proto::{
+    ember::AgentIdentity,
+    security::{self, ClientSecurity, ServerSecurity},
+};
+use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
+
+pub use file::parse_duration;
+use file::FileConfig;
+
+use crate::{
+    cli::{RecordArgs, RunArgs, SamplingArgs},
+    encode::ProfileKind,
+    kernel::{tracefs::Format, Event, KernelSettings, NetEvent, OffCpuSettings},
+    resolve::{
+        cgroup_id,
+        pods::{PodSettings, Source},
+        relabel::Relabeler,
+    },
+    ship::{files::FileOutputs, Delivery, ShipSettings},
+};
+
+const DEFAULT_RUN_FREQUENCY: u64 = 19;
+const DEFAULT_RECORD_FREQUENCY: u64 = 99;
+const DEFAULT_MAX_KEYS: u32 = 10_240;
+const DEFAULT_MAX_STACKS: u32 = 8_192;
+const DEFAULT_INTERVAL: &str = "10s";
+const DEFAULT_OUTPUT_DIR: &str = "ember-profiles";
+const DEFAULT_SPOOL_DIR: &str = "ember-spool";
+const DEFAULT_SPOOL_MIB: u64 = 256;
+const DEFAULT_KEEP: usize = 360;
+
+/// `ember-agent run`, resolved.
+pub struct RunSettings {
+    pub kernel: KernelSettings,
+    /// The profiles each interval makes, in a fixed order.
+    pub kinds: Vec<ProfileKind>,
+    pub interval: Duration,
+    /// Local files, if any: the directory, and whether to add folded stacks and SVG.
+    pub files: Option<(PathBuf, bool)>,
+    pub ship: Option<ShipSettings>,
+    /// Status server (health, readiness, metrics).
+    pub http: Option<SocketAddr>,
+    pub pods: Option<PodSettings>,
+    pub relabel: Relabeler,
+}
+
+/// `ember-agent record`, resolved.
+pub struct RecordSettings {
+    pub kernel: KernelSettings,
+    pub kinds: Vec<ProfileKind>,
+    pub duration: Duration,
+    /// The files to write; with several kinds, each kind's name is added to them.
+    pub files: FileOutputs,
+}
+
+impl RunSettings {
+    pub fn resolve(args: &RunArgs) -> Result<RunSettings> {
+        let file = match &args.config {
+            Some(path) => FileConfig::load(path)?,
+            None => FileConfig::default(),
+        };
+        let interval = parse_duration(args.interval.as_deref().or(file.interval.as_deref()).unwrap_or(DEFAULT_INTERVAL))?;
+        let kernel = kernel_settings(&args.sampling, &file, DEFAULT_RUN_FREQUENCY)?;
+        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
+        let ship = ship_settings(args, &file, &hostname)?;
+        // Agents that ship profiles keep local files only when asked to.
+        let dir = args.output_dir.clone().or(file.output_dir.clone());
+        let dir = if ship.is_none() { Some(dir.unwrap_or_else(|| PathBuf::from(DEFAULT_OUTPUT_DIR))) } else { dir };
+        let flamegraphs = args.flamegraphs || file.flamegraphs.unwrap_or(false);
+        Ok(RunSettings {
+            kinds: profile_kinds(&kernel),
+            kernel,
+            interval,
+            files: dir.map(|dir| (dir, flamegraphs)),
+            ship,
+            http: args.http.or(file.http),
+            pods: pod_settings(args, &file, &hostname)?,
+            relabel: Relabeler::new(file.relabel.as_deref().unwrap_or_default())?,
+        })
+    }
+}
+
+impl RecordSettings {
+    pub fn resolve(args: &RecordArgs) -> Result<RecordSettings> {
+        let kernel = kernel_settings(&args.sampling, &FileConfig::default(), DEFAULT_RECORD_FREQUENCY)?;
+        let files = FileOutputs { pprof: Some(args.output.clone()), folded: args.folded.clone(), flamegraph: args.flamegraph.clone() };
+        Ok(RecordSettings { kinds: profile_kinds(&kernel), kernel, duration: args.duration, files })
+    }
+}
+
+/// A list from the flag if given, else from the file.
+fn list(flag: &[String], file: &Option<Vec<String>>) -> Vec<String> {
+    if flag.is_empty() { file.clone().unwrap_or_default() } else { flag.to_vec() }
+}
+
+fn kernel_settings(args: &SamplingArgs, file: &FileConfig, default_frequency: u64) -> Result<KernelSettings> {
+    let frequency = args.frequency.or(file.frequency).unwrap_or(default_frequency);
+    ensure!((1..=100_000).contains(&frequency), "frequency {frequency} Hz is out of range (1-100000)");
+    let cgroup = args.cgroup.clone().or(file.cgroup.clone());
+    let mut events = list(&args.events, &file.events);
+    if events.is_empty() {
+        events.push("cpu".into());
+    }
+    if let Some(unknown) = events.iter().find(|e| !["cpu", "offcpu", "net"].contains(&e.as_str())) {
+        bail!("unknown event group {unknown:?}: use cpu, offcpu or net");
+    }
+    let has = |group: &str| events.iter().any(|e| e == group);
+    let off_cpu = has("offcpu").then(|| off_cpu_settings(args, file)).transpose()?;
+    let mut net_names = list(&args.net_events, &file.net_events);
+    if net_names.is_empty() && has("net") {
+        net_names = NetEvent::DEFAULT.iter().map(|s| s.to_string()).collect();
+    }
+    ensure!(net_names.is_empty() || has("net"), "network events were chosen but the net group is off: add --events net");
+    let mut net = Vec::new();
+    for name in &net_names {
+        let event = net_event(name)?;
+        if !net.contains(&event) {
+            net.push(event);
+        }
+    }
+    Ok(KernelSettings {
+        cpu: has("cpu"),
+        event: args.event.or(file.event).unwrap_or(Event::CpuClock),
+        frequency,
+        off_cpu,
+        net,
+        max_keys: args.max_keys.or(file.max_keys).unwrap_or(DEFAULT_MAX_KEYS),
+        max_stacks: args.max_stacks.or(file.max_stacks).unwrap_or(DEFAULT_MAX_STACKS),
+        pids: if args.pids.is_empty() { file.pids.clone().unwrap_or_default() } else { args.pids.clone() },
+        cgroup_id: cgroup.as_deref().map(cgroup_id).transpose()?,
+    })
+}
+
+/// "category:name". Tracepoints this kernel lacks, or that Ember does not record, are
+/// one-line errors listing the alternatives.
+fn net_event(text: &str) -> Result<NetEvent> {
+    let Some((category, name)) = text.split_once(':') else {
+        bail!("network event {text:?} must be category:name, e.g. net:net_dev_queue");
+    };
+    if let Some(event) = NetEvent::find(category, name) {
+        return Ok(event);
+    }
+    // Unknown to this kernel: the tracefs error lists what exists here.
+    Format::read(category, name)?;
+    bail!("tracepoint {text} is not one Ember records; it records {}", NetEvent::supported().join(", "))
+}
+
+fn off_cpu_settings(args: &SamplingArgs, file: &FileConfig) -> Result<OffCpuSettings> {
+    let duration_ns = |flag: &Option<String>, file: &Option<String>| -> Result<Option<u64>> {
+        flag.clone().or(file.clone()).map(|d| parse_duration(&d).map(|d| d.as_nanos() as u64)).transpose()
+    };
+    let mut bits = 0;
+    for state in &list(&args.offcpu_states, &file.offcpu_states) {
+        bits |= match state.as_str() {
+            "sleeping" => block_state::SLEEPING,
+            "uninterruptible" => block_state::UNINTERRUPTIBLE,
+            "preempted" => block_state::PREEMPTED,
+            other => bail!("unknown off-CPU state {other:?}: use sleeping, uninterruptible or preempted"),
+        };
+    }
+    let ratio = args.offcpu_sample_ratio.or(file.offcpu_sample_ratio).unwrap_or(1);
+    ensure!(ratio >= 1, "offcpu_sample_ratio must be at least 1");
+    Ok(OffCpuSettings {
+        states: if bits == 0 { block_state::SLEEPING | block_state::UNINTERRUPTIBLE | block_state::PREEMPTED } else { bits },
+        min_block_ns: duration_ns(&args.offcpu_min_block, &file.offcpu_min_block)?.unwrap_or(0),
+        max_block_ns: duration_ns(&args.offcpu_max_block, &file.offcpu_max_block)?.unwrap_or(u64::MAX),
+        ratio,
+    })
+}
+
+/// The profiles the chosen events make, in a fixed order.
+fn profile_kinds(kernel: &KernelSettings) -> Vec<ProfileKind> {
+    ProfileKind::ALL
+        .into_iter()
+        .filter(|profile| match profile {
+            ProfileKind::Cpu => kernel.cpu,
+            ProfileKind::OffCpu => kernel.off_cpu.is_some(),
+            ProfileKind::Wall => kernel.cpu && kernel.off_cpu.is_some(),
+            ProfileKind::NetTx => kernel.records_net(&[kind::NET_DEV_QUEUE, kind::NET_DEV_XMIT]),
+            ProfileKind::NetRx => kernel.records_net(&[kind::NETIF_RECEIVE_SKB, kind::NAPI_GRO_RECEIVE_ENTRY]),
+            ProfileKind::NetRetransmit => kernel.records_net(&[kind::TCP_RETRANSMIT_SKB]),
+            ProfileKind::NetDrop => kernel.records_net(&[kind::KFREE_SKB]),
+        })
+        .collect()
+}
+
+/// Where profiles leave the agent, if anywhere: push to a collector or serve to pullers, and
+/// OTLP export, with the spool, identity, TLS and token they share.
+fn ship_settings(args: &RunArgs, file: &FileConfig, hostname: &str) -> Result<Option<ShipSettings>> {
+    let push = args.push.clone().or(file.push.clone());
+    let serve = args.serve.or(file.serve);
+    let otlp = args.otlp.clone().or(file.otlp.clone());
+    ensure!(
+        push.is_none() || serve.is_none(),
+        "choose push (--push) or pull (--serve), not both: a pusher deletes what pullers still need"
+    );
+    if push.is_none() && serve.is_none() && otlp.is_none() {
+        return Ok(None);
+    }
+    let token = args.token_file.clone().or(file.token_file.clone()).map(|path| security::read_token(&path)).transpose()?;
+    let cert = args.tls_cert.clone().or(file.tls_cert.clone());
+    let key = args.tls_key.clone().or(file.tls_key.clone());
+    ensure!(cert.is_some() == key.is_some(), "TLS needs both tls_cert and tls_key");
+    let ca = args.tls_ca.clone().or(file.tls_ca.clone());
+    let plaintext = args.plaintext || file.plaintext.unwrap_or(false);
+    let client = ClientSecurity {
+        ca: ca.clone(),
+        identity: cert.clone().zip(key.clone()),
+        domain: args.tls_domain.clone().or(file.tls_domain.clone()),
+        plaintext,
+    };
+    let server = ServerSecurity { cert, key, client_ca: ca, plaintext };
+    let delivery = match (&push, serve) {
+        (Some(url), _) => Some(Delivery::Push(client.endpoint(url, "collector")?)),
+        (None, Some(address)) => Some(Delivery::Serve { address, tls: server.grpc(address)?, keep: args.keep.or(file.keep).unwrap_or(DEFAULT_KEEP) }),
+        (None, None) => None,
+    };
+    let otlp = match otlp {
+        Some(url) => Some((client.endpoint(&url, "OTLP receiver")?, otlp_headers(&list(&args.otlp_header, &file.otlp_headers))?)),
+        None => None,
+    };
+    let mut labels: HashMap<String, String> = file.labels.clone().unwrap_or_default();
+    labels.entry("host".into()).or_insert_with(|| hostname.to_string());
+    if let Some(node) = node_name(args, file) {
+        labels.entry("node".into()).or_insert(node);
+    }
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    labels.entry("kernel".into()).or_insert_with(|| kernel.trim().to_string());
+    Ok(Some(ShipSettings {
+        delivery,
+        otlp,
+        spool_dir: args.spool_dir.clone().or(file.spool_dir.clone()).unwrap_or_else(|| PathBuf::from(DEFAULT_SPOOL_DIR)),
+        spool_max_bytes: args.spool_max_mib.or(file.spool_max_mib).unwrap_or(DEFAULT_SPOOL_MIB) << 20,
+        agent: AgentIdentity {
+            agent_id: args.agent_id.clone().or(file.agent_id.clone()).unwrap_or_else(|| hostname.to_string()),
+            hostname: hostname.to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        },
+        token,
+        labels,
+    }))
+}
+
+/// "name=value" pairs, as gRPC metadata.
+fn otlp_headers(headers: &[String]) -> Result<MetadataMap> {
+    let mut map = MetadataMap::new();
+    for header in headers {
+        let (name, value) = header.split_once('=').with_context(|| format!("OTLP header {header:?} is not name=value"))?;
+        let name = MetadataKey::from_bytes(name.trim().to_ascii_lowercase().as_bytes())
+            .with_context(|| format!("OTLP header name {name:?} is not a valid header name"))?;
+        let value = MetadataValue::try_from(value.trim()).with_context(|| format!("OTLP header {name:?} has an invalid value"))?;
+        map.insert(name, value);
+    }
+    Ok(map)
+}
+
+fn node_name(args: &RunArgs, file: &FileConfig) -> Option<String> {
+    args.node_name.clone().or(file.node_name.clone()).filter(|n| !n.is_empty())
+}
+
+/// `auto` (in-cluster when running in a pod, else none), `off`, `in-cluster`, or a URL.
+fn pod_source(text: &str) -> Result<Option<Source>> {
+    Ok(match text {
+        "off" => None,
+        "auto" => std::env::var_os("KUBERNETES_SERVICE_HOST").map(|_| Source::InCluster),
+        "in-cluster" => Some(Source::InCluster),
+        url if url.starts_with("http://") || url.starts_with("https://") => Some(Source::Url(url.to_string())),
+        other => bail!("kubernetes = {other:?}: use auto, off, in-cluster or an http(s):// API server URL"),
+    })
+}
+
+/// Kubernetes pod labels, if on. `auto` turns them off when not in a pod.
+fn pod_settings(args: &RunArgs, file: &FileConfig, hostname: &str) -> Result<Option<PodSettings>> {
+    let setting = args.kubernetes.clone().or(file.kubernetes.clone()).unwrap_or_else(|| "auto".into());
+    let Some(source) = pod_source(&setting)? else { return Ok(None) };
+    let node = node_name(args, file).unwrap_or_else(|| {
+        tracing::warn!("no node name (set NODE_NAME from the downward API, or --node-name): watching the pods of node {hostname:?}");
+        hostname.to_string()
+    });
+    Ok(Some(PodSettings { source, node, required: setting != "auto" }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_parse() {
+        assert_eq!(pod_source("off").unwrap(), None);
+        assert_eq!(pod_source("in-cluster").unwrap(), Some(Source::InCluster));
+        assert_eq!(pod_source("http://127.0.0.1:8001").unwrap(), Some(Source::Url("http://127.0.0.1:8001".into())));
+        assert!(pod_source("kube.local").unwrap_err().to_string().contains("use auto, off"));
+    }
+}

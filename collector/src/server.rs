@@ -1,0 +1,96 @@
+//! The running collector: wires the gRPC ingest service (with health and reflection), the
+//! HTTP query API, the pull loops and retention onto one store, until SIGINT or SIGTERM.
+//! `main` resolves its settings from the command line.
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, UNIX_EPOCH},
+};
+
+use anyhow::{Context as _, Result};
+use ember_proto::{ember::collector_server::CollectorServer, security};
+
+use crate::{http, pull, service, store};
+
+/// `ember-collector serve`, resolved.
+pub struct ServeSettings {
+    pub token: Option<String>,
+    pub pull: Vec<pull::Source>,
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
+    /// Certificate and key (PEM) of the HTTPS query API.
+    pub http_tls: Option<(Vec<u8>, Vec<u8>)>,
+    pub listen: SocketAddr,
+    pub http: SocketAddr,
+    pub data_dir: PathBuf,
+    pub retention: Duration,
+    pub max_bytes: u64,
+}
+
+pub async fn serve(args: ServeSettings) -> Result<()> {
+    let store = Arc::new(store::Store::open(&args.data_dir)?);
+    let http_listener = tokio::net::TcpListener::bind(args.http).await.with_context(|| format!("binding {}", args.http))?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let until_stopped = move || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    };
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        let _ = stop.send(true);
+    });
+    tokio::spawn(retention(store.clone(), args.retention, args.max_bytes, until_stopped()));
+    for source in args.pull {
+        tokio::spawn(pull::pull_forever(source, store.clone(), until_stopped()));
+    }
+    let http = tokio::spawn(http::serve(http_listener, args.http_tls, store.clone(), args.token.clone(), until_stopped()));
+    // Standard gRPC health checking and reflection, for probes and tools such as grpcurl.
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<CollectorServer<service::CollectorService>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(ember_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the gRPC reflection service")?;
+    tracing::info!(grpc = %args.listen, http = %args.http, data_dir = %args.data_dir.display(), "collector listening");
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = args.tls.clone() {
+        server = server.tls_config(tls).context("configuring TLS")?;
+    }
+    server
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(CollectorServer::with_interceptor(service::CollectorService { store }, security::token_check(args.token)))
+        .serve_with_shutdown(args.listen, until_stopped())
+        .await
+        .with_context(|| format!("serving gRPC on {}", args.listen))?;
+    http.await??;
+    Ok(())
+}
+
+/// Applies retention once a minute.
+async fn retention(store: Arc<store::Store>, max_age: Duration, max_bytes: u64, stop: impl std::future::Future<Output = ()>) {
+    tokio::pin!(stop);
+    let mut every = tokio::time::interval(Duration::from_secs(60));
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = every.tick() => {}
+        }
+        let oldest = std::time::SystemTime::now().checked_sub(max_age).unwrap_or(UNIX_EPOCH);
+        let min_start = oldest.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
+        let store = store.clone();
+        match tokio::task::spawn_blocking(move || store.enforce_retention(min_start, max_bytes)).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(deleted)) => tracing::info!(deleted, "retention: deleted old profiles"),
+            Ok(Err(e)) => tracing::error!("retention failed: {e:#}"),
+            Err(e) => tracing::error!("retention task failed: {e}"),
+        }
+    }
+}
