@@ -155,3 +155,12 @@ pub struct SamplingArgs {
     pub max_stacks: Option<u32>,
 }
 
+#[derive(Args, Debug)]
+pub struct UnwindTableArgs {
+    /// ELF files (executables or shared libraries).
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Print every row (address, then the rule), not only the summary.
+    #[arg(long)]
+    pub rows: bool,
+}

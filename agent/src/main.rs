@@ -1,10 +1,12 @@
 //! ember-agent: an eBPF continuous profiler. `run` profiles the host continuously and writes
-//! one profile per interval; `record` profiles once and writes one profile.
+//! one profile per interval; `record` profiles once and writes one profile; `unwind-table`
+//! prints the unwind table of a binary.
 //!
-//! The modules follow the data flow (see design.md): `kernel` -> `resolve` -> `symbolize` ->
-//! `encode` -> `ship`, with `ops` (metrics, status, losses) beside them. `cli` and `settings`
-//! turn the command line and the config file into what the stages receive; `run`, `record`
-//! and `pipeline` wire the stages together. Imports only point down that list.
+//! The modules follow the data flow (see design.md): `kernel` -> `unwind` -> `resolve` ->
+//! `symbolize` -> `encode` -> `ship`, with `ops` (metrics, status, losses) beside them. `cli`
+//! and `settings` turn the command line and the config file into what the stages receive;
+//! `run`, `record`, `unwind_table` and `pipeline` wire the stages together. Imports only point
+//! down that list.
 mod cli;
 mod encode;
 mod kernel;
@@ -16,6 +18,8 @@ mod run;
 mod settings;
 mod ship;
 mod symbolize;
+mod unwind;
+mod unwind_table;
 
 use std::process::ExitCode;
 
@@ -40,6 +44,8 @@ enum Command {
     Run(cli::RunArgs),
     /// Profile once for a fixed time and write one profile.
     Record(cli::RecordArgs),
+    /// Print the unwind table Ember builds for a binary (to walk stacks without frame pointers).
+    UnwindTable(cli::UnwindTableArgs),
 }
 
 fn init_logging(format: &str) {
@@ -65,6 +71,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(RunSettings::resolve(&args)?).await,
             Command::Record(args) => record::record(RecordSettings::resolve(&args)?).await,
+            Command::UnwindTable(args) => unwind_table::print(&args),
         }
     });
     match result {

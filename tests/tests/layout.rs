@@ -9,12 +9,13 @@ use std::{collections::BTreeSet, path::Path};
 const AGENT: &[&[&str]] = &[
     &["ops"],
     &["kernel"],
+    &["unwind"],
     &["resolve"],
     &["symbolize"],
     &["encode"],
     &["ship"],
     &["pipeline"],
-    &["main", "cli", "settings", "run", "record"],
+    &["main", "cli", "settings", "run", "record", "unwind_table"],
 ];
 
 const COLLECTOR: &[&[&str]] = &[

@@ -1,0 +1,173 @@
+//! Builds an executable's unwind table from its call frame information (`.eh_frame`, or
+//! `.debug_frame` where that is all there is): one row per address where the rule to find the
+//! caller changes, sorted by address. Each row reduces DWARF's general rules to what a BPF
+//! walker can apply on x86-64 (CFA = rsp or rbp + offset, return address at CFA - 8, rbp
+//! unchanged or saved at CFA + offset) and marks everything else with why the walk stops there.
+use std::ops::Range;
+
+use anyhow::{Context as _, Result};
+use gimli::{
+    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, Register, RegisterRule,
+    UnwindContext, UnwindSection,
+};
+
+/// DWARF register numbers on x86-64.
+const RBP: Register = Register(6);
+const RSP: Register = Register(7);
+const RETURN_ADDRESS: Register = Register(16);
+
+/// How to find the caller from an address, or why that cannot be done there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Rule {
+    /// CFA = rsp + `cfa_offset` (or rbp + `cfa_offset` when `cfa_is_rbp`); the return address
+    /// is at CFA - 8; rbp is unchanged (`rbp_offset` 0) or saved at CFA + `rbp_offset`.
+    Frame { cfa_is_rbp: bool, cfa_offset: i64, rbp_offset: i64 },
+    /// The return address is undefined: the outermost frame (`_start`, a thread's start).
+    Outermost,
+    /// A PLT stub, whose CFA depends on the instruction within the stub.
+    Plt,
+    /// A signal trampoline: the caller's registers are in a signal frame on the stack.
+    Signal,
+    /// No call frame information covers this address.
+    NoInfo,
+    /// A rule the walker cannot apply.
+    Unsupported(Unsupported),
+}
+
+/// Why a row's rule is beyond the walker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Unsupported {
+    /// The CFA is a DWARF expression.
+    CfaExpression,
+    /// The CFA is based on a register other than rsp or rbp.
+    CfaRegister,
+    /// The return address is not at CFA - 8.
+    ReturnAddress,
+    /// rbp is restored by a rule other than "unchanged" or "saved at CFA + offset".
+    Rbp,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Row {
+    /// Virtual address in the ELF file (as `readelf` shows it), where the rule starts.
+    pub address: u64,
+    pub rule: Rule,
+}
+
+/// An executable's rows, sorted by address, with no two neighbours alike.
+#[derive(Debug, Default)]
+pub struct UnwindTable {
+    pub rows: Vec<Row>,
+    /// Which section the rows came from.
+    pub source: &'static str,
+}
+
+impl UnwindTable {
+    /// Builds the table of an ELF file's bytes.
+    pub fn from_elf(data: &[u8]) -> Result<UnwindTable> {
+        use object::{Object as _, ObjectSection as _};
+        let file = object::File::parse(data).context("not an ELF file")?;
+        let section = |name: &str| file.section_by_name(name).and_then(|s| Some((s.address(), s.data().ok()?)));
+        let plt: Vec<Range<u64>> = file
+            .sections()
+            .filter(|s| s.name().is_ok_and(|n| n.starts_with(".plt")))
+            .map(|s| s.address()..s.address() + s.size())
+            .collect();
+        let text = file.section_by_name(".text").map_or(0, |s| s.address());
+        let mut builder = Builder { rows: Vec::new(), plt };
+        if let Some((address, bytes)) = section(".eh_frame") {
+            let eh_frame = EhFrame::new(bytes, LittleEndian);
+            let bases = BaseAddresses::default().set_eh_frame(address).set_text(text);
+            let bases = match section(".got") {
+                Some((got, _)) => bases.set_got(got),
+                None => bases,
+            };
+            builder.add_section(&eh_frame, &bases).context("reading .eh_frame")?;
+            return Ok(UnwindTable { rows: builder.finish(), source: ".eh_frame" });
+        }
+        if let Some((_, bytes)) = section(".debug_frame") {
+            let mut debug_frame = DebugFrame::new(bytes, LittleEndian);
+            debug_frame.set_address_size(8);
+            builder.add_section(&debug_frame, &BaseAddresses::default()).context("reading .debug_frame")?;
+            return Ok(UnwindTable { rows: builder.finish(), source: ".debug_frame" });
+        }
+        Ok(UnwindTable { rows: Vec::new(), source: "none" })
+    }
+}
+
+struct Builder {
+    /// Rows of every FDE, each FDE's range closed by a `NoInfo` row at its end.
+    rows: Vec<Row>,
+    /// Address ranges of the PLT sections.
+    plt: Vec<Range<u64>>,
+}
+
+type Slice<'a> = EndianSlice<'a, LittleEndian>;
+
+impl Builder {
+    fn add_section<'a, S: UnwindSection<Slice<'a>>>(&mut self, section: &S, bases: &BaseAddresses) -> gimli::Result<()> {
+        let mut context = Box::new(UnwindContext::new());
+        let mut entries = section.entries(bases);
+        while let Some(entry) = entries.next()? {
+            let CieOrFde::Fde(partial) = entry else { continue };
+            let fde = partial.parse(|section, bases, offset| section.cie_from_offset(bases, offset))?;
+            let range = fde.initial_address()..fde.end_address();
+            if range.is_empty() {
+                continue;
+            }
+            let in_plt = self.plt.iter().any(|plt| plt.contains(&range.start));
+            let signal = fde.is_signal_trampoline();
+            let mut table = fde.rows(section, bases, &mut context)?;
+            while let Some(row) = table.next_row()? {
+                let rule = if signal {
+                    Rule::Signal
+                } else {
+                    match rule_of(row) {
+                        Rule::Unsupported(Unsupported::CfaExpression) if in_plt => Rule::Plt,
+                        rule => rule,
+                    }
+                };
+                self.rows.push(Row { address: row.start_address(), rule });
+            }
+            self.rows.push(Row { address: range.end, rule: Rule::NoInfo });
+        }
+        Ok(())
+    }
+
+    /// Sorted by address; where an FDE starts at another's end, its first row replaces the
+    /// other's `NoInfo`; rows that repeat the rule before them are dropped.
+    fn finish(mut self) -> Vec<Row> {
+        // Stable: at equal addresses a `NoInfo` end comes before the next FDE's first row, and
+        // the later row wins.
+        self.rows.sort_by_key(|row| (row.address, row.rule != Rule::NoInfo));
+        let mut rows: Vec<Row> = Vec::with_capacity(self.rows.len());
+        for row in self.rows {
+            match rows.last_mut() {
+                Some(last) if last.address == row.address => *last = row,
+                _ => rows.push(row),
+            }
+        }
+        rows.dedup_by(|next, previous| next.rule == previous.rule);
+        rows
+    }
+}
+
+fn rule_of(row: &gimli::UnwindTableRow<usize>) -> Rule {
+    let (cfa_is_rbp, cfa_offset) = match row.cfa() {
+        CfaRule::RegisterAndOffset { register, offset } if *register == RSP => (false, *offset),
+        CfaRule::RegisterAndOffset { register, offset } if *register == RBP => (true, *offset),
+        CfaRule::RegisterAndOffset { .. } => return Rule::Unsupported(Unsupported::CfaRegister),
+        CfaRule::Expression(_) => return Rule::Unsupported(Unsupported::CfaExpression),
+    };
+    match row.register(RETURN_ADDRESS) {
+        Some(RegisterRule::Offset(-8)) => {}
+        Some(RegisterRule::Undefined) => return Rule::Outermost,
+        _ => return Rule::Unsupported(Unsupported::ReturnAddress),
+    }
+    let rbp_offset = match row.register(RBP) {
+        None | Some(RegisterRule::SameValue) => 0,
+        Some(RegisterRule::Offset(offset)) => offset,
+        Some(_) => return Rule::Unsupported(Unsupported::Rbp),
+    };
+    Rule::Frame { cfa_is_rbp, cfa_offset, rbp_offset }
+}
