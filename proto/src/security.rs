@@ -8,6 +8,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
+use subtle::ConstantTimeEq as _;
 use tonic::{
     metadata::{Ascii, MetadataValue},
     transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig},
@@ -44,12 +45,13 @@ impl Bearer {
 }
 
 /// Whether a request carries `authorization: Bearer <token>` (when a token is configured).
-/// The comparison takes the same time wherever the first difference is.
+/// The comparison takes the same time wherever the first difference is (subtle's, which the
+/// optimizer cannot turn into an early exit).
 pub fn authorized(header: Option<&[u8]>, token: Option<&str>) -> bool {
     let Some(token) = token else { return true };
     let expected = format!("Bearer {token}");
     let Some(given) = header else { return false };
-    given.len() == expected.len() && given.iter().zip(expected.as_bytes()).fold(0u8, |diff, (a, b)| diff | (a ^ b)) == 0
+    bool::from(given.ct_eq(expected.as_bytes()))
 }
 
 /// A tonic interceptor that refuses requests without the token.

@@ -207,3 +207,21 @@ fn bad_config_is_a_one_line_error() {
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(stderr.contains("line 2") && stderr.contains("intervall"), "{stderr}");
 }
+
+#[test]
+fn durations_out_of_range_are_one_line_errors_not_panics() {
+    let dir = TempDir::new("durations");
+    let config = dir.path("agent.toml");
+    for (interval, expected) in [("0.0000000001s", "between 1us and 365 days"), ("99999999999999999999h", "between 1us and 365 days"), ("10ms", "use 1s to 1h")] {
+        std::fs::write(&config, format!("interval = \"{interval}\"\n")).unwrap();
+        let output = Command::new(ember_tests::agent_bin()).args(["run", "--config", config.to_str().unwrap()]).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "interval {interval}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(expected), "interval {interval}: {stderr}");
+    }
+    let output = Command::new(ember_tests::agent_bin()).args(["record", "-d", "0.0000000001s"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "clap refuses the flag: {stderr}");
+    assert!(stderr.contains("between 1us and 365 days"), "{stderr}");
+}

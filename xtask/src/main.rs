@@ -41,9 +41,22 @@ enum Task {
     },
 }
 
+/// A cargo command in the workspace, with the environment of a plain `cargo` in a shell.
 pub fn cargo() -> Command {
     let mut command = Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()));
     command.current_dir(workspace_root());
+    // `cargo run` gave xtask its own package's variables (CARGO_PKG_NAME=xtask, ...). Build
+    // scripts such as ring's rerun when these change, so passing them on would rebuild half
+    // the dependencies between `cargo xtask test` and a plain `cargo build --release`.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        let package_variable = key.starts_with("CARGO_PKG_")
+            || ["CARGO_MANIFEST_DIR", "CARGO_MANIFEST_PATH", "CARGO_MANIFEST_LINKS", "CARGO_CRATE_NAME", "CARGO_BIN_NAME", "CARGO_PRIMARY_PACKAGE"]
+                .contains(&key.as_ref());
+        if package_variable {
+            command.env_remove(key.as_ref());
+        }
+    }
     command
 }
 

@@ -78,7 +78,12 @@ impl FileConfig {
     }
 }
 
-/// Parses "10s", "500ms", "100us", "2m", "1h" (a bare number is seconds).
+/// The shortest and longest durations any setting takes: below a microsecond (the finest unit
+/// accepted) a value only rounds to nonsense, and past a year it overflows timers.
+const MIN_DURATION: Duration = Duration::from_micros(1);
+const MAX_DURATION: Duration = Duration::from_secs(365 * 86_400);
+
+/// Parses "10s", "500ms", "100us", "2m", "1h" (a bare number is seconds), from 1us to 365 days.
 pub fn parse_duration(text: &str) -> Result<Duration> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
@@ -92,10 +97,13 @@ pub fn parse_duration(text: &str) -> Result<Duration> {
         "h" => value * 3600.0,
         other => bail!("invalid duration {text:?}: unknown unit {other:?} (use us, ms, s, m or h)"),
     };
-    if !(seconds > 0.0 && seconds.is_finite()) {
+    if !(seconds > 0.0) {
         bail!("invalid duration {text:?}: must be positive");
     }
-    Ok(Duration::from_secs_f64(seconds))
+    match Duration::try_from_secs_f64(seconds) {
+        Ok(duration) if (MIN_DURATION..=MAX_DURATION).contains(&duration) => Ok(duration),
+        _ => bail!("invalid duration {text:?}: must be between 1us and 365 days"),
+    }
 }
 
 #[cfg(test)]
@@ -111,6 +119,15 @@ mod tests {
         assert!(parse_duration("10 parsecs").is_err());
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn durations_too_small_or_too_large_are_one_line_errors_not_panics() {
+        for text in ["0.0000000001s", "0.5us", "99999999999999999999999h", "400000000000000000000"] {
+            let error = parse_duration(text).unwrap_err().to_string();
+            assert!(error.contains("between 1us and 365 days") && !error.contains('\n'), "{text}: {error}");
+        }
+        assert_eq!(parse_duration("1us").unwrap(), Duration::from_micros(1));
     }
 
     #[test]

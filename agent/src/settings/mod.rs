@@ -33,6 +33,9 @@ const DEFAULT_RECORD_FREQUENCY: u64 = 99;
 const DEFAULT_MAX_KEYS: u32 = 10_240;
 const DEFAULT_MAX_STACKS: u32 = 8_192;
 const DEFAULT_INTERVAL: &str = "10s";
+/// A profile covers at least a second (a drain per few milliseconds would cost more than the
+/// profiling) and at most an hour (the maps hold a whole interval).
+const INTERVALS: std::ops::RangeInclusive<Duration> = Duration::from_secs(1)..=Duration::from_secs(3600);
 const DEFAULT_OUTPUT_DIR: &str = "ember-profiles";
 const DEFAULT_SPOOL_DIR: &str = "ember-spool";
 const DEFAULT_SPOOL_MIB: u64 = 256;
@@ -69,6 +72,7 @@ impl RunSettings {
             None => FileConfig::default(),
         };
         let interval = parse_duration(args.interval.as_deref().or(file.interval.as_deref()).unwrap_or(DEFAULT_INTERVAL))?;
+        ensure!(INTERVALS.contains(&interval), "interval {interval:?} is out of range: use 1s to 1h");
         let kernel = kernel_settings(&args.sampling, &file, DEFAULT_RUN_FREQUENCY)?;
         let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
         let ship = ship_settings(args, &file, &hostname)?;
