@@ -40,8 +40,8 @@ pub struct RunArgs {
     pub spool_dir: Option<PathBuf>,
     /// Spool size limit in MiB; past it the oldest profiles are dropped [default: 256].
     #[arg(long)]
-    pub spool_max_mib: Option<u64>,
-    /// This agent's identity at the collector [default: the host name].
+    pub spool_max_mib: Option<f64>,
+    /// This agent's identity at the collector [default: the node name (--node-name), else the host name].
     #[arg(long)]
     pub agent_id: Option<String>,
     /// Bearer token file: sent with pushes; with --serve, required of pullers.

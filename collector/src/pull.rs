@@ -81,10 +81,9 @@ async fn pull_once(source: &Source, store: &Arc<Store>, stored: &mut u64) -> Res
     let channel = source.endpoint.connect().await.with_context(|| format!("connecting to agent {}", source.url))?;
     let mut client = AgentClient::new(channel);
     let agent = client.identity(source.bearer.request(IdentityRequest {})).await?.into_inner();
-    let id = agent.agent_id.clone();
     let after = {
-        let store = store.clone();
-        tokio::task::spawn_blocking(move || store.stored_through(&id)).await??
+        let (store, agent) = (store.clone(), agent.clone());
+        tokio::task::spawn_blocking(move || store.stored_through(&agent)).await??
     };
     tracing::info!(agent = agent.agent_id, after, "pulling");
     let mut stream = client.pull(source.bearer.request(PullRequest { after_sequence: after })).await?.into_inner();

@@ -2,7 +2,7 @@
 //! refused with a clear status and never affects what is already stored.
 use std::sync::Arc;
 
-use ember_proto::ember::{collector_server::Collector, Profile, PushRequest, PushResponse};
+use ember_proto::ember::{collector_server::Collector, Profile, PushRequest, PushResponse, Refusal};
 use tonic::{Request, Response, Status};
 
 use crate::store::Store;
@@ -46,19 +46,25 @@ impl Collector for CollectorService {
         if agent.agent_id.is_empty() {
             return Err(Status::invalid_argument("push with an empty agent_id"));
         }
+        // A bad profile is refused alone: the others of the request are stored, and the agent
+        // learns exactly which were refused and why.
         let now_ns = now_ns();
-        for profile in &request.profiles {
-            if let Err(why) = check(profile, now_ns) {
-                tracing::warn!(agent = agent.agent_id, sequence = profile.sequence, "refused a profile: {why}");
-                return Err(Status::invalid_argument(format!("profile {}: {why}", profile.sequence)));
+        let (mut good, mut refused) = (Vec::new(), Vec::new());
+        for profile in request.profiles {
+            match check(&profile, now_ns) {
+                Ok(()) => good.push(profile),
+                Err(reason) => {
+                    tracing::warn!(agent = agent.agent_id, sequence = profile.sequence, "refused a profile: {reason}");
+                    refused.push(Refusal { sequence: profile.sequence, reason });
+                }
             }
         }
         let store = self.store.clone();
-        let stored = tokio::task::spawn_blocking(move || store.put(&agent, &request.profiles))
+        let stored = tokio::task::spawn_blocking(move || store.put(&agent, &good))
             .await
             .map_err(|e| Status::internal(format!("store task failed: {e}")))?
             .map_err(|e| Status::unavailable(format!("storing failed: {e:#}")))?;
-        Ok(Response::new(PushResponse { stored_through: stored.stored_through, duplicates: stored.duplicates }))
+        Ok(Response::new(PushResponse { stored_through: stored.stored_through, duplicates: stored.duplicates, held: stored.held, refused }))
     }
 }
 

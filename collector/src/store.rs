@@ -1,5 +1,8 @@
 //! The embedded store: profiles persisted in a redb database under the data directory,
-//! indexed by time, with per-agent sequence numbers so a retried push is stored once.
+//! indexed by time, with per-spool sequence numbers so a retried push is stored once.
+//! Profiles are de-duplicated by their spool (its random id), not by the agent's name: a
+//! renamed agent resending its spool stores nothing twice, and a wiped spool's new numbers
+//! never pass for old ones.
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
@@ -7,12 +10,21 @@ use ember_proto::ember::{AgentIdentity, Profile};
 use prost::Message;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-/// (start unix ns, agent id, sequence) -> StoredProfile.
+/// (start unix ns, origin, sequence) -> StoredProfile.
 const PROFILES: TableDefinition<(u64, &str, u64), &[u8]> = TableDefinition::new("profiles");
-/// (agent id, sequence) -> start unix ns: which profiles an agent has delivered.
+/// (origin, sequence) -> start unix ns: which profiles an origin has delivered.
 const DELIVERED: TableDefinition<(&str, u64), u64> = TableDefinition::new("delivered");
-/// agent id -> highest sequence N such that 1..=N are all stored.
+/// origin -> highest sequence N such that 1..=N are all stored.
 const CONTIGUOUS: TableDefinition<&str, u64> = TableDefinition::new("contiguous");
+
+/// Where a profile's sequence number counts: its spool, or for agents that send no spool id,
+/// the agent.
+pub fn origin(agent: &AgentIdentity) -> String {
+    match agent.spool_id {
+        0 => agent.agent_id.clone(),
+        id => format!("spool:{id:016x}"),
+    }
+}
 
 /// A stored profile: the agent's message plus who sent it.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -31,6 +43,8 @@ pub struct Store {
 pub struct Stored {
     pub stored_through: u64,
     pub duplicates: u32,
+    /// The sequences of the request now held (stored now, or before).
+    pub held: Vec<u64>,
 }
 
 impl Store {
@@ -55,9 +69,11 @@ impl Store {
             let mut stored = txn.open_table(PROFILES)?;
             let mut delivered = txn.open_table(DELIVERED)?;
             let mut contiguous = txn.open_table(CONTIGUOUS)?;
-            let id = agent.agent_id.as_str();
+            let origin = origin(agent);
+            let id = origin.as_str();
             let mut through = contiguous.get(id)?.map(|v| v.value()).unwrap_or(0);
             for profile in profiles {
+                result.held.push(profile.sequence);
                 if profile.sequence <= through || delivered.get((id, profile.sequence))?.is_some() {
                     result.duplicates += 1;
                     continue;
@@ -108,11 +124,11 @@ impl Store {
         Ok(deleted)
     }
 
-    /// Highest sequence N such that the agent's profiles 1..=N are all stored.
-    pub fn stored_through(&self, agent_id: &str) -> Result<u64> {
+    /// Highest sequence N such that the profiles 1..=N of this agent's spool are all stored.
+    pub fn stored_through(&self, agent: &AgentIdentity) -> Result<u64> {
         let txn = self.db.begin_read()?;
         let table = txn.open_table(CONTIGUOUS)?;
-        Ok(table.get(agent_id)?.map(|v| v.value()).unwrap_or(0))
+        Ok(table.get(origin(agent).as_str())?.map(|v| v.value()).unwrap_or(0))
     }
 
     /// Profiles whose start lies in [from, to), in time order.
@@ -144,8 +160,11 @@ mod tests {
         {
             let store = Store::open(&dir).unwrap();
             // Out of order: 2 arrives before 1; the watermark waits for the gap to close.
-            assert_eq!(store.put(&agent, &[profile(2, 200, 1000)]).unwrap(), Stored { stored_through: 0, duplicates: 0 });
-            assert_eq!(store.put(&agent, &[profile(1, 100, 1000), profile(2, 200, 1000)]).unwrap(), Stored { stored_through: 2, duplicates: 1 });
+            assert_eq!(store.put(&agent, &[profile(2, 200, 1000)]).unwrap(), Stored { stored_through: 0, duplicates: 0, held: vec![2] });
+            assert_eq!(
+                store.put(&agent, &[profile(1, 100, 1000), profile(2, 200, 1000)]).unwrap(),
+                Stored { stored_through: 2, duplicates: 1, held: vec![1, 2] }
+            );
         }
         let store = Store::open(&dir).unwrap();
         assert_eq!(store.put(&agent, &[profile(3, 300, 1000)]).unwrap().stored_through, 3);
@@ -157,6 +176,23 @@ mod tests {
         assert_eq!(left, [3]);
         // A late retry of a deleted profile is still recognised.
         assert_eq!(store.put(&agent, &[profile(1, 100, 1000)]).unwrap().duplicates, 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn sequences_count_per_spool_not_per_agent_name() {
+        let dir = std::env::temp_dir().join(format!("ember-store-spools-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Store::open(&dir).unwrap();
+        let old = AgentIdentity { agent_id: "pod-a".into(), spool_id: 7, ..Default::default() };
+        assert_eq!(store.put(&old, &[profile(1, 100, 10), profile(2, 200, 10)]).unwrap().duplicates, 0);
+        // Renamed (a new pod on the same node and spool): its resend is a duplicate.
+        let renamed = AgentIdentity { agent_id: "pod-b".into(), spool_id: 7, ..Default::default() };
+        assert_eq!(store.put(&renamed, &[profile(2, 200, 10), profile(3, 300, 10)]).unwrap(), Stored { stored_through: 3, duplicates: 1, held: vec![2, 3] });
+        // A wiped spool numbers from 1 again, under a new id: nothing passes for old.
+        let wiped = AgentIdentity { agent_id: "pod-b".into(), spool_id: 8, ..Default::default() };
+        assert_eq!(store.put(&wiped, &[profile(1, 400, 10)]).unwrap(), Stored { stored_through: 1, duplicates: 0, held: vec![1] });
+        assert_eq!(store.range(0, u64::MAX).unwrap().len(), 4);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

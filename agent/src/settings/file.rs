@@ -40,7 +40,7 @@ pub struct FileConfig {
     /// Collector to push to, spool and identity (see `ember-agent run --help`).
     pub push: Option<String>,
     pub spool_dir: Option<PathBuf>,
-    pub spool_max_mib: Option<u64>,
+    pub spool_max_mib: Option<f64>,
     pub agent_id: Option<String>,
     pub token_file: Option<PathBuf>,
     /// TLS and plaintext settings (see `ember-agent run --help`).

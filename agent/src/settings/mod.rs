@@ -38,7 +38,7 @@ const DEFAULT_INTERVAL: &str = "10s";
 const INTERVALS: std::ops::RangeInclusive<Duration> = Duration::from_secs(1)..=Duration::from_secs(3600);
 const DEFAULT_OUTPUT_DIR: &str = "ember-profiles";
 const DEFAULT_SPOOL_DIR: &str = "ember-spool";
-const DEFAULT_SPOOL_MIB: u64 = 256;
+const DEFAULT_SPOOL_MIB: f64 = 256.0;
 const DEFAULT_KEEP: usize = 360;
 
 /// `ember-agent run`, resolved.
@@ -232,9 +232,13 @@ fn ship_settings(args: &RunArgs, file: &FileConfig, hostname: &str) -> Result<Op
         Some(url) => Some((client.endpoint(&url, "OTLP receiver")?, otlp_headers(&list(&args.otlp_header, &file.otlp_headers))?)),
         None => None,
     };
+    // In Kubernetes the host name is the pod's, new at every restart, while the spool stays on
+    // the node: the node names the agent and the host.
+    let node = node_name(args, file);
+    let host = node.clone().unwrap_or_else(|| hostname.to_string());
     let mut labels: HashMap<String, String> = file.labels.clone().unwrap_or_default();
-    labels.entry("host".into()).or_insert_with(|| hostname.to_string());
-    if let Some(node) = node_name(args, file) {
+    labels.entry("host".into()).or_insert_with(|| host.clone());
+    if let Some(node) = node {
         labels.entry("node".into()).or_insert(node);
     }
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
@@ -243,15 +247,23 @@ fn ship_settings(args: &RunArgs, file: &FileConfig, hostname: &str) -> Result<Op
         delivery,
         otlp,
         spool_dir: args.spool_dir.clone().or(file.spool_dir.clone()).unwrap_or_else(|| PathBuf::from(DEFAULT_SPOOL_DIR)),
-        spool_max_bytes: args.spool_max_mib.or(file.spool_max_mib).unwrap_or(DEFAULT_SPOOL_MIB) << 20,
+        spool_max_bytes: spool_max_bytes(args.spool_max_mib.or(file.spool_max_mib).unwrap_or(DEFAULT_SPOOL_MIB))?,
         agent: AgentIdentity {
-            agent_id: args.agent_id.clone().or(file.agent_id.clone()).unwrap_or_else(|| hostname.to_string()),
-            hostname: hostname.to_string(),
+            agent_id: args.agent_id.clone().or(file.agent_id.clone()).unwrap_or_else(|| host.clone()),
+            hostname: host,
             version: env!("CARGO_PKG_VERSION").to_string(),
+            // Each spool adds its own id when it ships.
+            spool_id: 0,
         },
         token,
         labels,
     }))
+}
+
+/// A spool size in MiB (fractions allowed), as bytes.
+fn spool_max_bytes(mib: f64) -> Result<u64> {
+    ensure!(mib.is_finite() && mib > 0.0 && mib <= 1024.0 * 1024.0, "spool_max_mib {mib} is out of range: use more than 0 and at most 1048576");
+    Ok((mib * (1 << 20) as f64) as u64)
 }
 
 /// "name=value" pairs, as gRPC metadata.

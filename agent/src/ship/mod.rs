@@ -62,13 +62,14 @@ where
     match &settings.delivery {
         Some(Delivery::Push(endpoint)) => {
             let spool = Arc::new(Spool::open(dir, "collector", max_bytes, usize::MAX)?);
-            let sink = CollectorSink::new(endpoint.clone(), settings.agent.clone(), settings.token.as_deref())?;
+            let agent = AgentIdentity { spool_id: spool.id(), ..settings.agent.clone() };
+            let sink = CollectorSink::new(endpoint.clone(), agent, settings.token.as_deref())?;
             tasks.push(Shipper::new(sink, spool.clone()).spawn(until_stopped()));
             spools.push(spool);
         }
         Some(Delivery::Serve { address, tls, keep }) => {
             let spool = Arc::new(Spool::open(dir, "pull", max_bytes, *keep)?);
-            let (token, agent) = (settings.token.clone(), settings.agent.clone());
+            let (token, agent) = (settings.token.clone(), AgentIdentity { spool_id: spool.id(), ..settings.agent.clone() });
             tasks.push(tokio::spawn(serve::serve(*address, tls.clone(), token, spool.clone(), agent, until_stopped())));
             spools.push(spool);
         }

@@ -9,8 +9,8 @@ use tonic::{
     Status,
 };
 
-use super::push::{channel, Sink};
-use crate::encode::otlp::export_request;
+use super::push::{channel, Acknowledged, Sink};
+use crate::{encode::otlp::export_request, ops::metrics};
 
 pub struct OtlpSink {
     client: ProfilesServiceClient<Channel>,
@@ -27,16 +27,19 @@ impl OtlpSink {
 impl Sink for OtlpSink {
     const NAME: &'static str = "otlp";
 
-    async fn send(&mut self, profiles: Vec<ember::Profile>) -> Result<u64, Status> {
-        let last = profiles.last().map_or(0, |p| p.sequence);
+    async fn send(&mut self, profiles: Vec<ember::Profile>) -> Result<Acknowledged, Status> {
+        let held = profiles.iter().map(|p| p.sequence).collect();
         // A spooled profile that does not decode can never be sent: refuse it as content.
         let request = export_request(&profiles).map_err(|e| Status::invalid_argument(format!("{e:#}")))?;
         let mut request = tonic::Request::new(request);
         *request.metadata_mut() = self.headers.clone();
         let response = self.client.export(request).await?.into_inner();
+        // OTLP says how many it rejected, not which: the request is done either way, and the
+        // rejected ones are counted.
         if let Some(partial) = response.partial_success.filter(|p| p.rejected_profiles > 0) {
             tracing::warn!(rejected = partial.rejected_profiles, "OTLP receiver rejected profiles: {}", partial.error_message);
+            metrics::add("ember_lost_total", &[("reason", "refused"), ("sink", Self::NAME)], partial.rejected_profiles as f64);
         }
-        Ok(last)
+        Ok(Acknowledged { held, refused: vec![] })
     }
 }

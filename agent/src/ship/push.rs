@@ -26,8 +26,18 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 pub trait Sink: Send + 'static {
     /// What it is, for logs.
     const NAME: &'static str;
-    /// Sends profiles (oldest first); returns the highest sequence now stored there.
-    fn send(&mut self, profiles: Vec<Profile>) -> impl Future<Output = Result<u64, Status>> + Send;
+    /// Sends profiles (oldest first); says which of them the sink now holds and which it
+    /// refused for good. An error means nothing is known to have arrived: all are retried.
+    fn send(&mut self, profiles: Vec<Profile>) -> impl Future<Output = Result<Acknowledged, Status>> + Send;
+}
+
+/// A sink's answer to one send.
+#[derive(Debug, Default)]
+pub struct Acknowledged {
+    /// Sequences the sink holds (stored now, or before): forgotten by the spool.
+    pub held: Vec<u64>,
+    /// Sequences refused for their content, with why: dropped from the spool and counted.
+    pub refused: Vec<(u64, String)>,
 }
 
 /// Lazily connected, with a per-request timeout: the agent starts profiling even if the
@@ -53,9 +63,10 @@ impl CollectorSink {
 impl Sink for CollectorSink {
     const NAME: &'static str = "collector";
 
-    async fn send(&mut self, profiles: Vec<Profile>) -> Result<u64, Status> {
+    async fn send(&mut self, profiles: Vec<Profile>) -> Result<Acknowledged, Status> {
         let request = self.bearer.request(PushRequest { agent: Some(self.agent.clone()), profiles });
-        Ok(self.client.push(request).await?.into_inner().stored_through)
+        let response = self.client.push(request).await?.into_inner();
+        Ok(Acknowledged { held: response.held, refused: response.refused.into_iter().map(|r| (r.sequence, r.reason)).collect() })
     }
 }
 
@@ -70,33 +81,44 @@ impl<S: Sink> Shipper<S> {
         Shipper { sink, spool, backoff: MIN_BACKOFF }
     }
 
-    /// Sends one batch. Ok(true): something was sent; Ok(false): the spool is empty.
+    /// Sends one batch and forgets what the sink acknowledged. Ok(true): the spool shrank;
+    /// Ok(false): it is empty. A send that moves nothing on is an error, so the caller backs
+    /// off instead of sending the same batch again at once.
     async fn send_batch(&mut self) -> Result<bool, Status> {
         let profiles = self.spool.oldest(BATCH).map_err(spool_error)?;
-        let Some(last) = profiles.last().map(|p| p.sequence) else { return Ok(false) };
-        let count = profiles.len();
+        if profiles.is_empty() {
+            return Ok(false);
+        }
+        let sequences: Vec<u64> = profiles.iter().map(|p| p.sequence).collect();
         let started = std::time::Instant::now();
         let sent = self.sink.send(profiles).await;
         metrics::add("ember_ship_seconds_sum", &[("sink", S::NAME)], started.elapsed().as_secs_f64());
         metrics::add("ember_ship_seconds_count", &[("sink", S::NAME)], 1.0);
-        if sent.as_ref().is_err_and(|status| status.code() != Code::InvalidArgument) {
+        let acknowledged = match sent {
+            Ok(acknowledged) => acknowledged,
+            // The sink refused the whole batch for its content: retrying cannot help.
+            Err(status) if status.code() == Code::InvalidArgument => Acknowledged {
+                refused: sequences.iter().map(|seq| (*seq, status.message().to_string())).collect(),
+                ..Default::default()
+            },
+            Err(status) => {
+                metrics::add("ember_ship_failures_total", &[("sink", S::NAME)], 1.0);
+                return Err(status);
+            }
+        };
+        for (sequence, reason) in &acknowledged.refused {
+            tracing::error!(sequence, "{} refused a profile, which is dropped: {reason}", S::NAME);
+        }
+        if !acknowledged.refused.is_empty() {
+            metrics::add("ember_lost_total", &[("reason", "refused"), ("sink", S::NAME)], acknowledged.refused.len() as f64);
+        }
+        let done: Vec<u64> = acknowledged.held.iter().copied().chain(acknowledged.refused.iter().map(|(seq, _)| *seq)).collect();
+        let removed = self.spool.remove(&done).map_err(spool_error)?;
+        if removed == 0 {
             metrics::add("ember_ship_failures_total", &[("sink", S::NAME)], 1.0);
+            return Err(Status::data_loss(format!("{} acknowledged none of profiles {sequences:?}", S::NAME)));
         }
-        match sent {
-            Ok(stored) => {
-                self.spool.remove_through(stored).map_err(spool_error)?;
-                Ok(true)
-            }
-            // The sink refused the content: retrying cannot help. Say so and move on,
-            // rather than block every later profile behind it.
-            Err(status) if status.code() == Code::InvalidArgument => {
-                tracing::error!("{} refused profiles up to {last}: {}", S::NAME, status.message());
-                metrics::add("ember_lost_total", &[("reason", "refused"), ("sink", S::NAME)], count as f64);
-                self.spool.remove_through(last).map_err(spool_error)?;
-                Ok(true)
-            }
-            Err(status) => Err(status),
-        }
+        Ok(true)
     }
 
     /// Runs on its own task until `stop`.

@@ -16,6 +16,8 @@ use super::files::write_atomic;
 use crate::ops::metrics;
 
 const NEXT_SEQUENCE: &str = "next-sequence";
+/// The spool's random id: sequence numbers count within it (see ember.proto).
+const SPOOL_ID: &str = "spool-id";
 const EXTENSION: &str = "profile";
 
 pub struct Spool {
@@ -25,6 +27,7 @@ pub struct Spool {
     max_bytes: u64,
     /// Pull mode: keep only the newest this many (collectors fetch, nobody deletes).
     max_count: usize,
+    id: u64,
     state: Mutex<State>,
 }
 
@@ -42,10 +45,28 @@ impl Spool {
         // scan only matters if it was lost.
         let highest = Self::files(dir)?.last().map(|(seq, _)| *seq).unwrap_or(0);
         let next_sequence = stored.unwrap_or(1).max(highest + 1);
-        let spool = Spool { sink, dir: dir.to_path_buf(), max_bytes, max_count, state: Mutex::new(State { next_sequence, dropped: 0 }) };
+        let id = Self::id_of(dir)?;
+        let spool = Spool { sink, dir: dir.to_path_buf(), max_bytes, max_count, id, state: Mutex::new(State { next_sequence, dropped: 0 }) };
         let files = Self::files(dir)?;
         spool.report(files.len(), bytes(&files));
         Ok(spool)
+    }
+
+    /// The spool's id, made (random, never 0) the first time the directory is a spool.
+    fn id_of(dir: &Path) -> Result<u64> {
+        let path = dir.join(SPOOL_ID);
+        if let Some(id) = fs::read_to_string(&path).ok().and_then(|s| u64::from_str_radix(s.trim(), 16).ok()).filter(|id| *id != 0) {
+            return Ok(id);
+        }
+        let mut bytes = [0u8; 8];
+        std::io::Read::read_exact(&mut fs::File::open("/dev/urandom").context("opening /dev/urandom")?, &mut bytes)?;
+        let id = u64::from_le_bytes(bytes).max(1);
+        write_atomic(&path, format!("{id:016x}").as_bytes())?;
+        Ok(id)
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Spooled files, oldest first.
@@ -114,19 +135,20 @@ impl Spool {
             .collect()
     }
 
-    /// Forgets every profile up to and including `sequence`.
-    pub fn remove_through(&self, sequence: u64) -> Result<()> {
+    /// Forgets these profiles (those still spooled); returns how many it removed.
+    pub fn remove(&self, sequences: &[u64]) -> Result<usize> {
         let _state = self.state.lock().expect("spool lock");
-        let mut left = Vec::new();
+        let (mut left, mut removed) = (Vec::new(), 0);
         for (seq, path) in Self::files(&self.dir)? {
-            if seq <= sequence {
+            if sequences.contains(&seq) {
                 fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+                removed += 1;
             } else {
                 left.push((seq, path));
             }
         }
         self.report(left.len(), bytes(&left));
-        Ok(())
+        Ok(removed)
     }
 }
 
@@ -150,7 +172,7 @@ mod tests {
         let spool = Spool::open(&dir, "test", 10_000, usize::MAX).unwrap();
         assert_eq!(spool.append(profile(100)).unwrap(), 1);
         assert_eq!(spool.append(profile(100)).unwrap(), 2);
-        spool.remove_through(2).unwrap();
+        assert_eq!(spool.remove(&[1, 2, 9]).unwrap(), 2);
         // Reopened empty: numbering goes on, so the collector cannot mistake new for old.
         let spool = Spool::open(&dir, "test", 10_000, usize::MAX).unwrap();
         assert_eq!(spool.append(profile(4_000)).unwrap(), 3);
@@ -164,6 +186,11 @@ mod tests {
         spool.append(profile(10)).unwrap();
         let left: Vec<u64> = spool.after(4, 10).unwrap().iter().map(|p| p.sequence).collect();
         assert_eq!(left, [5, 6]);
+        // Its id stays with the directory; a wiped spool gets a new one.
+        let id = spool.id();
+        assert_eq!(Spool::open(&dir, "test", u64::MAX, 2).unwrap().id(), id);
+        fs::remove_dir_all(&dir).unwrap();
+        assert_ne!(Spool::open(&dir, "test", u64::MAX, 2).unwrap().id(), id);
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -73,7 +73,7 @@ pub fn run() -> Result<()> {
         let started = Instant::now();
         for interval in 0..INTERVALS {
             for host in 0..HOSTS {
-                let agent = AgentIdentity { agent_id: format!("host-{host}"), hostname: format!("host-{host}"), version: "bench".into() };
+                let agent = AgentIdentity { agent_id: format!("host-{host}"), hostname: format!("host-{host}"), version: "bench".into(), ..Default::default() };
                 let request = PushRequest { agent: Some(agent), profiles: vec![profile(host, interval)] };
                 let sent = Instant::now();
                 client.push(request).await?;

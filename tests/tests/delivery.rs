@@ -1,0 +1,183 @@
+//! Push delivery never stalls and never drops what it did not deliver: a real agent pushes
+//! to a real collector over loopback through every cause of a gap in its sequence numbers
+//! (spool overflow, a refused profile, a renamed agent, a wiped spool, a collector killed
+//! mid-batch). Afterwards the collector holds exactly the profiles that were not deliberately
+//! dropped, each once, and every dropped one is counted. Needs root (the agent loads BPF).
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use ember_proto::{ember::Profile, pprof};
+use ember_tests::{
+    http_get, require_root,
+    transport::{free_address, spool_is_empty, stop_agent, stored, CollectorProcess},
+    Agent, TempDir,
+};
+use prost::Message;
+
+fn push_agent(collector: SocketAddr, spool: &Path, agent_id: &str, extra: &[&str]) -> Agent {
+    let url = format!("http://{collector}");
+    let mut args = vec!["run", "-F", "19", "--interval", "1s", "--pid", "1", "--push", &url, "--agent-id", agent_id];
+    args.extend(["--spool-dir", spool.to_str().unwrap()]);
+    args.extend(extra);
+    let mut agent = Agent::spawn(&args);
+    agent.wait_ready();
+    agent
+}
+
+fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "not within {timeout:?}: {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The spool's next sequence number: every profile it ever numbered is below it.
+fn next_sequence(spool: &Path) -> u64 {
+    std::fs::read_to_string(spool.join("next-sequence")).unwrap().trim().parse().unwrap()
+}
+
+/// The sequences the collector holds, in order, with how many agent names they came under.
+fn held_sequences(data: &Path) -> Vec<u64> {
+    let mut sequences: Vec<u64> = stored(data).into_iter().map(|(_, sequence)| sequence).collect();
+    sequences.sort();
+    sequences
+}
+
+/// A metric's value from the agent's /metrics, 0 if it has no such series yet.
+fn metric(http: SocketAddr, series: &str) -> f64 {
+    let (status, body) = http_get(http, "/metrics");
+    assert_eq!(status, 200);
+    let text = String::from_utf8_lossy(&body).into_owned();
+    text.lines().find_map(|l| l.strip_prefix(series)).map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+#[test]
+fn spool_overflow_during_an_outage_drops_the_oldest_counts_them_and_delivers_the_rest() {
+    require_root();
+    let dir = TempDir::new("overflow");
+    let (address, data, spool, http) = (free_address(), dir.path("data"), dir.path("spool"), free_address());
+    // 1 KiB holds a few small profiles: an 8 s outage overflows it.
+    let agent = push_agent(address, &spool, "overflow", &["--spool-max-mib", "0.001", "--http", &http.to_string()]);
+    std::thread::sleep(Duration::from_secs(8));
+    let dropped = metric(http, "ember_lost_total{reason=\"spool_full\",sink=\"collector\"}");
+    assert!(dropped >= 1.0, "the outage did not overflow the spool");
+    let collector = CollectorProcess::start(address, &data);
+    wait_until("the spool empties once the collector is back", Duration::from_secs(20), || spool_is_empty(&spool));
+    let dropped = metric(http, "ember_lost_total{reason=\"spool_full\",sink=\"collector\"}") as u64;
+    stop_agent(agent);
+    collector.stop();
+    assert!(spool_is_empty(&spool));
+    // The oldest were dropped, counted; everything after them arrived, once.
+    let expected: Vec<u64> = (dropped + 1..next_sequence(&spool)).collect();
+    assert_eq!(held_sequences(&data), expected, "{dropped} dropped");
+}
+
+/// A valid gzipped pprof profile with nothing in it.
+fn empty_pprof() -> Vec<u8> {
+    let profile = pprof::Profile { string_table: vec![String::new()], ..Default::default() };
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut gz, &profile.encode_to_vec()).unwrap();
+    gz.finish().unwrap()
+}
+
+#[test]
+fn a_refused_profile_in_the_middle_of_a_batch_is_dropped_alone_and_counted() {
+    require_root();
+    let dir = TempDir::new("refused");
+    let (address, data, spool, http) = (free_address(), dir.path("data"), dir.path("spool"), free_address());
+    // Five spooled profiles from an earlier run; the third claims to start tomorrow.
+    std::fs::create_dir_all(&spool).unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i64;
+    for sequence in 1..=5u64 {
+        let start = if sequence == 3 { now + 86_400_000_000_000 } else { now - 10_000_000_000 };
+        let profile = Profile {
+            sequence,
+            kind: "cpu".into(),
+            start_unix_nanos: start,
+            end_unix_nanos: start + 1_000_000_000,
+            labels: HashMap::new(),
+            pprof_gzip: empty_pprof(),
+        };
+        std::fs::write(spool.join(format!("{sequence:020}.profile")), profile.encode_to_vec()).unwrap();
+    }
+    std::fs::write(spool.join("next-sequence"), "6").unwrap();
+    let collector = CollectorProcess::start(address, &data);
+    let agent = push_agent(address, &spool, "refused", &["--http", &http.to_string()]);
+    let refused = "ember_lost_total{reason=\"refused\",sink=\"collector\"}";
+    wait_until("the refusal is counted", Duration::from_secs(15), || metric(http, refused) >= 1.0);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(metric(http, refused), 1.0, "only the bad profile is refused");
+    stop_agent(agent);
+    collector.stop();
+    assert!(spool_is_empty(&spool));
+    let expected: Vec<u64> = (1..next_sequence(&spool)).filter(|s| *s != 3).collect();
+    assert_eq!(held_sequences(&data), expected, "all but the refused one, once each");
+}
+
+#[test]
+fn an_agent_renamed_on_the_same_spool_delivers_everything_once() {
+    require_root();
+    let dir = TempDir::new("renamed");
+    let (address, data, spool) = (free_address(), dir.path("data"), dir.path("spool"));
+    let collector = CollectorProcess::start(address, &data);
+    // The shipped DaemonSet used to do this at every pod restart: a new name, the node's spool.
+    for name in ["pod-a", "pod-b"] {
+        let agent = push_agent(address, &spool, name, &[]);
+        std::thread::sleep(Duration::from_secs(3));
+        stop_agent(agent);
+        assert!(spool_is_empty(&spool), "{name}: profiles left in the spool with the collector up");
+    }
+    collector.stop();
+    let rows = stored(&data);
+    assert!(rows.iter().any(|(agent, _)| agent == "pod-b"), "the renamed agent delivered nothing: {rows:?}");
+    let expected: Vec<u64> = (1..next_sequence(&spool)).collect();
+    assert_eq!(held_sequences(&data), expected, "every profile once, across the rename");
+}
+
+#[test]
+fn a_wiped_spool_numbers_anew_and_nothing_passes_for_already_stored() {
+    require_root();
+    let dir = TempDir::new("wiped");
+    let (address, data, spool) = (free_address(), dir.path("data"), dir.path("spool"));
+    let collector = CollectorProcess::start(address, &data);
+    let mut made = 0;
+    for _ in 0..2 {
+        let agent = push_agent(address, &spool, "wiped", &[]);
+        std::thread::sleep(Duration::from_secs(3));
+        stop_agent(agent);
+        assert!(spool_is_empty(&spool), "profiles left in the spool with the collector up");
+        made += next_sequence(&spool) - 1;
+        std::fs::remove_dir_all(&spool).unwrap();
+    }
+    collector.stop();
+    // Both runs numbered from 1: the collector must still hold both runs' profiles.
+    assert_eq!(stored(&data).len() as u64, made, "the second run's profiles were taken for the first's");
+}
+
+#[test]
+fn a_collector_killed_mid_batch_loses_nothing_and_stores_nothing_twice() {
+    require_root();
+    let dir = TempDir::new("killed");
+    let (address, data, spool) = (free_address(), dir.path("data"), dir.path("spool"));
+    let agent = push_agent(address, &spool, "killed", &[]);
+    // An outage first, so that the collector receives a backlog in batches; then collectors
+    // killed (SIGKILL) at different moments of the agent's sending.
+    std::thread::sleep(Duration::from_secs(8));
+    for lives in [300, 1000, 2500] {
+        let collector = CollectorProcess::start(address, &data);
+        std::thread::sleep(Duration::from_millis(lives));
+        drop(collector);
+    }
+    let collector = CollectorProcess::start(address, &data);
+    // The agent backs off up to 30 s while the collector is away.
+    wait_until("the spool empties", Duration::from_secs(75), || spool_is_empty(&spool));
+    stop_agent(agent);
+    collector.stop();
+    let expected: Vec<u64> = (1..next_sequence(&spool)).collect();
+    assert_eq!(held_sequences(&data), expected, "every profile exactly once");
+}
