@@ -28,6 +28,14 @@ fn push_agent(collector: SocketAddr, spool: &Path, agent_id: &str, extra: &[&str
     agent
 }
 
+/// Runs a pushing agent for 3 s against a collector that is up; it must leave nothing spooled.
+fn deliver_for_a_while(collector: SocketAddr, spool: &Path, agent_id: &str) {
+    let agent = push_agent(collector, spool, agent_id, &[]);
+    std::thread::sleep(Duration::from_secs(3));
+    stop_agent(agent);
+    assert!(spool_is_empty(spool), "{agent_id}: profiles left in the spool with the collector up");
+}
+
 fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !done() {
@@ -127,10 +135,7 @@ fn an_agent_renamed_on_the_same_spool_delivers_everything_once() {
     let collector = CollectorProcess::start(address, &data);
     // The shipped DaemonSet used to do this at every pod restart: a new name, the node's spool.
     for name in ["pod-a", "pod-b"] {
-        let agent = push_agent(address, &spool, name, &[]);
-        std::thread::sleep(Duration::from_secs(3));
-        stop_agent(agent);
-        assert!(spool_is_empty(&spool), "{name}: profiles left in the spool with the collector up");
+        deliver_for_a_while(address, &spool, name);
     }
     collector.stop();
     let rows = stored(&data);
@@ -147,10 +152,7 @@ fn a_wiped_spool_numbers_anew_and_nothing_passes_for_already_stored() {
     let collector = CollectorProcess::start(address, &data);
     let mut made = 0;
     for _ in 0..2 {
-        let agent = push_agent(address, &spool, "wiped", &[]);
-        std::thread::sleep(Duration::from_secs(3));
-        stop_agent(agent);
-        assert!(spool_is_empty(&spool), "profiles left in the spool with the collector up");
+        deliver_for_a_while(address, &spool, "wiped");
         made += next_sequence(&spool) - 1;
         std::fs::remove_dir_all(&spool).unwrap();
     }
