@@ -237,6 +237,7 @@ pub mod names {
     pub const NET_LAYOUTS: &str = "NET_LAYOUTS";
     pub const PROG_SAMPLE: &str = "sample_cpu";
     pub const PROG_EXEC: &str = "process_exec";
+    pub const PROG_EXIT: &str = "process_exit";
     pub const PROG_SWITCH: &str = "sched_switch";
     /// Network programs by kind, from `kind::FIRST_NET`, with their tracepoints.
     pub const NET_PROGRAMS: [(&str, &str, &str); 6] = [

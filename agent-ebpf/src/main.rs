@@ -2,7 +2,8 @@
 //! work; everything that cannot be kept is counted by reason in the set's counter array.
 //!
 //! Programs: `sample_cpu` (perf_event, on-CPU), `sched_switch` (off-CPU), one program per
-//! network tracepoint, and `process_exec` (tells userspace a process has new mappings).
+//! network tracepoint, `process_exec` (tells userspace a process has new mappings) and
+//! `process_exit` (forgets exited threads and processes).
 #![no_std]
 #![no_main]
 
@@ -52,10 +53,11 @@ static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
 /// Tgids to sample when FILTER_TGIDS is set.
 #[map]
 static TGID_FILTER: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
-/// Off-CPU: per blocked thread, where and when it blocked. LRU so that a switch-in the
-/// program never saw (it was not running) cannot leak an entry for ever.
+/// Off-CPU: per blocked thread, where and when it blocked. Not an LRU: a full table must
+/// refuse (and count) a new block, never silently evict one being measured. A thread that
+/// exits leaves it (`process_exit`), so entries cannot leak.
 #[map]
-static OFF_CPU_START: LruHashMap<u32, OffCpuStart> = LruHashMap::with_max_entries(65536, 0);
+static OFF_CPU_START: HashMap<u32, OffCpuStart> = HashMap::with_max_entries(65536, 0);
 
 /// Socket (struct sock address) to its last sender and send stacks.
 #[map]
@@ -421,6 +423,20 @@ pub fn tcp_retransmit_skb(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn kfree_skb(ctx: TracePointContext) -> u32 {
     record_net(&ctx, kind::KFREE_SKB)
+}
+
+/// A thread exits: its off-CPU entry goes; when the process's main thread exits, the process
+/// is forgotten, so that a new process that reuses its pid is announced afresh (and not
+/// symbolized with the dead one's mappings).
+#[tracepoint]
+pub fn process_exit(_ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tgid, pid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    let _ = OFF_CPU_START.remove(&pid);
+    if tgid == pid {
+        let _ = KNOWN_TGIDS.remove(&tgid);
+    }
+    0
 }
 
 /// After exec a process has new mappings: forget it so its next event announces it again.

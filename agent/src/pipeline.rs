@@ -73,8 +73,12 @@ impl Pipeline {
                                     tracing::info!(kind = w.kind.name(), events = w.events, files = ?w.files, "profile written");
                                 }
                             }
-                            // The interval is lost only if it cannot be written at all: say so loudly.
-                            Err(e) => tracing::error!("profile of this interval could not be written: {e:#}"),
+                            // The interval is lost only if it cannot be written at all: say so
+                            // loudly, and count it.
+                            Err(e) => {
+                                tracing::error!("profile of this interval could not be written: {e:#}");
+                                metrics::add("ember_lost_total", &[("reason", "interval_failed")], 1.0);
+                            }
                         },
                     }
                 }

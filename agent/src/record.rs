@@ -52,12 +52,14 @@ pub async fn record(settings: RecordSettings) -> Result<()> {
             }
         }
     }
+    // Detached first, so that the last drain holds every event the programs counted.
+    resolver.stop_programs()?;
     recorded.merge(resolver.drain()?);
-    drop(resolver); // detaches the programs
+    drop(resolver);
     if progress {
         eprintln!();
     }
-    losses::report(&recorded.counters, recorded.relabel_dropped);
+    losses::report(recorded.losses());
     let several = settings.kinds.len() > 1;
     let path = |path: &Option<PathBuf>, kind: ProfileKind| {
         path.as_ref().map(|p| if several { files::with_kind(p, kind.name()) } else { p.clone() })

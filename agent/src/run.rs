@@ -64,12 +64,13 @@ pub async fn run(settings: RunSettings) -> Result<()> {
             _ = ticks.tick() => {}
             _ = &mut shutdown => {
                 tracing::info!("stopping: flushing the partial interval");
+                resolver.stop_programs()?;
                 stopping = true;
             }
         }
         let interval = resolver.drain()?;
         health.tick();
-        losses::report(&interval.counters, interval.relabel_dropped);
+        losses::report(interval.losses());
         let start = interval.start.unwrap_or_else(std::time::SystemTime::now);
         let outputs = |kind: &str| match &settings.files {
             Some((dir, flamegraphs)) => FileOutputs::in_dir(dir, kind, start, *flamegraphs),

@@ -60,3 +60,20 @@ fn wall_profile_splits_a_half_busy_thread_truthfully() {
     assert_eq!(wall.profile.sample_type.len(), 1);
     assert_eq!(wall.string(wall.profile.sample_type[0].unit), "nanoseconds");
 }
+
+#[test]
+fn a_full_blocked_thread_table_counts_what_it_cannot_measure() {
+    require_root();
+    let dir = TempDir::new("offcpu-full");
+    // 16 threads blocked at once, room for 4: the others' blocks are counted as lost, not
+    // silently evicted (the table used to be an LRU, whose evictions nothing counted).
+    let fixture = Fixture::spawn_with(std::process::Command::new(FIXTURE), "sleepers", 2.0, &["16"]);
+    let pid = fixture.pid().to_string();
+    let args = ["--events", "offcpu", "--pid", &pid, "--offcpu-max-threads", "4"];
+    let (out, _) = record_fixtures(&dir, vec![fixture], 2.0, &args);
+    let profile = Decoded::read(&out);
+    let (full, blocks) = (profile.counter("off_cpu_table_full"), profile.counter("off_cpu_blocks"));
+    assert!(full > 100, "only {full} blocks counted as lost with 16 sleepers and room for 4");
+    assert!(blocks > 100, "the 4 tracked threads' blocks are still measured: {blocks}");
+    assert!(profile.samples.iter().any(|s| s.has_function("fixture::sleeper")));
+}

@@ -225,3 +225,52 @@ fn durations_out_of_range_are_one_line_errors_not_panics() {
     assert_eq!(output.status.code(), Some(2), "clap refuses the flag: {stderr}");
     assert!(stderr.contains("between 1us and 365 days"), "{stderr}");
 }
+
+/// Has perl fork a child, without exec, as pid `pid` (the kernel hands out the pid after
+/// ns_last_pid); the child is busy for 2 s. Returns whether the child got that pid.
+fn fork_perl_child_as(pid: u32) -> bool {
+    use std::io::{BufRead as _, Write as _};
+    let script = "$| = 1; <STDIN>; my $child = fork(); if ($child == 0) { my $t = time; while (time - $t < 2) {} exit 0 } print \"$child\\n\"; waitpid($child, 0);";
+    let mut perl = Command::new("perl")
+        .args(["-e", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting perl");
+    std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).expect("setting ns_last_pid (needs root)");
+    perl.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(perl.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert!(perl.wait().unwrap().success());
+    line.trim() == pid.to_string()
+}
+
+#[test]
+fn a_reused_pid_is_announced_afresh_and_named_with_its_own_mappings() {
+    require_root();
+    let dir = TempDir::new("reused-pid");
+    let out = dir.path("profiles");
+    // A long interval: the first process is still in the agent's table when the second one,
+    // with the same pid, runs and exits, all before the drain. The second is a fork without
+    // exec (a pre-forked worker), so no exec event announces it either.
+    let mut agent = Agent::spawn(&["run", "-F", "99", "--interval", "60s", "--output-dir", out.to_str().unwrap()]);
+    agent.wait_ready();
+    let reused = (0..5)
+        .find_map(|_| {
+            let mut first = Fixture::spawn(FIXTURE, "split", 1.0);
+            let pid = first.pid();
+            first.start();
+            first.finish();
+            fork_perl_child_as(pid).then_some(pid)
+        })
+        .expect("another process kept taking the pid");
+    std::thread::sleep(Duration::from_millis(500));
+    agent.signal(libc::SIGTERM);
+    agent.wait_success(Duration::from_secs(30));
+    let profiles = Decoded::read_kind(&out, "cpu");
+    let comm_is_perl = |s: &&ember_tests::Sample| s.labels.get("comm").map(String::as_str) == Some("perl");
+    let perl: Vec<&ember_tests::Sample> = profiles.iter().flat_map(|p| p.samples_of(reused)).filter(comm_is_perl).collect();
+    assert!(Decoded::total(&perl) > 50, "perl's samples under pid {reused} are missing");
+    let named = perl.iter().filter(|s| s.frames.iter().any(|f| f.function.starts_with("Perl_"))).count();
+    assert!(named * 2 >= perl.len(), "{named} of {} perl samples named from perl's own binary: the dead fixture's mappings were used", perl.len());
+}

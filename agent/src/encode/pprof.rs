@@ -186,6 +186,7 @@ pub fn build(interval: &ResolvedInterval, symbols: &Symbolizer, info: &ProfileIn
     comments.extend(kind.comment().map(str::to_string));
     comments.extend(counter::NAMES.iter().map(|(i, name)| format!("ember.counter.{name}={}", interval.counter(*i))));
     comments.push(format!("ember.counter.relabel_dropped={}", interval.relabel_dropped));
+    comments.push(format!("ember.counter.process_exited_unread={}", interval.processes_unread));
     b.profile.comment = comments.iter().map(|c| b.string(c)).collect();
     b.profile
 }

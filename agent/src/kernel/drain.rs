@@ -3,7 +3,7 @@
 //! reference. Called by the resolve stage once per interval.
 use std::{
     collections::{HashMap, HashSet},
-    time::{Duration, SystemTime},
+    time::SystemTime,
 };
 
 use agent_common::{counter, SampleKey, SampleValue};
@@ -35,9 +35,8 @@ impl Sampler {
         let end = SystemTime::now();
         let start = std::mem::replace(&mut self.active_since, end);
         // A program that read the old index just before the switch may still be writing to
-        // the old set; BPF programs run for microseconds and cannot sleep, so a short pause
-        // lets them finish.
-        std::thread::sleep(Duration::from_millis(2));
+        // the old set: wait until every program running now has finished.
+        self.barrier.wait()?;
 
         let mut interval = RawInterval { start: Some(start), end: Some(end), ..Default::default() };
         let set = &mut self.sets[idle as usize];

@@ -1,12 +1,16 @@
 //! Loads the BPF object with the run's settings and attaches its programs: the perf event on
 //! every online CPU, and the tracepoints the settings enable. What it returns owns the
 //! programs: dropping it detaches them.
-use std::{collections::HashMap, time::SystemTime};
+use std::{
+    collections::HashMap,
+    os::fd::{AsFd as _, AsRawFd as _},
+    time::SystemTime,
+};
 
 use agent_common::{names, OffCpuStart, SampleKey, SampleValue, SocketOwner};
 use anyhow::{Context as _, Result};
 use aya::{
-    maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap},
+    maps::{Array, HashMap as BpfHashMap, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap},
     programs::{
         perf_event::{PerfEventScope, SamplePolicy},
         PerfEvent, TracePoint,
@@ -17,6 +21,7 @@ use aya::{
 
 use super::{
     announce::Announcements,
+    barrier::ProgramBarrier,
     events::{Event, KernelSettings},
     layouts::{net_layouts, switch_layout, transmit_attribution},
 };
@@ -30,8 +35,9 @@ pub(super) struct BufferSet {
 }
 
 pub struct Sampler {
-    // Owns the programs; dropping it detaches them.
-    _ebpf: Ebpf,
+    /// Owns the programs: dropping it detaches them (`stop`).
+    ebpf: Option<Ebpf>,
+    pub(super) barrier: ProgramBarrier,
     pub(super) sets: [BufferSet; 2],
     pub(super) active: Array<MapData, u32>,
     /// Interval number; the programs write to set `generation & 1`.
@@ -76,9 +82,7 @@ impl Sampler {
             loader.override_global(names::OFF_CPU_RATIO, &off_cpu.ratio, true);
         }
         // Features that are off get one-entry maps: preallocated maps cost kernel memory.
-        if settings.off_cpu.is_none() {
-            loader.map_max_entries(names::OFF_CPU_START, 1);
-        }
+        loader.map_max_entries(names::OFF_CPU_START, settings.off_cpu.as_ref().map_or(1, |o| o.max_threads.max(1)));
         if attribution.is_none() {
             loader.map_max_entries(names::SOCK_OWNER, 1);
         }
@@ -96,6 +100,7 @@ impl Sampler {
         }
 
         attach_tracepoint(&mut ebpf, names::PROG_EXEC, "sched", "sched_process_exec")?;
+        attach_tracepoint(&mut ebpf, names::PROG_EXIT, "sched", "sched_process_exit")?;
         if settings.off_cpu.is_some() {
             attach_tracepoint(&mut ebpf, names::PROG_SWITCH, "sched", "sched_switch")?;
         }
@@ -143,8 +148,10 @@ impl Sampler {
             Some(_) => Some(BpfHashMap::try_from(take(&mut ebpf, names::SOCK_OWNER)?)?),
             None => None,
         };
+        let barrier = ProgramBarrier::new(active.map().fd().as_fd().as_raw_fd())?;
         let sampler = Sampler {
-            _ebpf: ebpf,
+            ebpf: Some(ebpf),
+            barrier,
             sets,
             active,
             generation: 0,
@@ -156,6 +163,15 @@ impl Sampler {
             last_stacks: Default::default(),
         };
         Ok((sampler, Announcements::new(process_events)?))
+    }
+}
+
+impl Sampler {
+    /// Detaches every program, and returns once none runs any more: what the maps hold
+    /// after this is final, so the last drain loses nothing.
+    pub fn stop(&mut self) -> Result<()> {
+        self.ebpf = None;
+        self.barrier.wait()
     }
 }
 

@@ -2,6 +2,7 @@
 //! struct layouts, loads and attaches the BPF programs, and drains their double-buffered maps
 //! once per interval. Its only caller is the resolve stage (and `settings`, for validation).
 mod announce;
+mod barrier;
 mod btf;
 mod drain;
 mod events;

@@ -5,9 +5,19 @@ use agent_common::counter;
 
 use super::metrics;
 
+/// One interval's losses: the kernel's counters and what the resolve stage lost.
+pub struct Losses<'a> {
+    pub counters: &'a [u64; counter::COUNT as usize],
+    /// Events of targets that relabel rules dropped.
+    pub relabel_dropped: u64,
+    /// Processes that exited before their mappings could be read.
+    pub processes_unread: u64,
+}
+
 /// Logs every loss of the interval by reason (losses are also in the profile's comments), and
 /// counts what the kernel saw and lost in the metrics.
-pub fn report(counters: &[u64; counter::COUNT as usize], relabel_dropped: u64) {
+pub fn report(losses: Losses) {
+    let Losses { counters, relabel_dropped, processes_unread } = losses;
     let lost = |i: u32| counters[i as usize];
     for (index, name) in counter::NAMES {
         let (metric, label) = match index {
@@ -21,6 +31,10 @@ pub fn report(counters: &[u64; counter::COUNT as usize], relabel_dropped: u64) {
         metrics::add(metric, &labels, lost(index) as f64);
     }
     metrics::add("ember_lost_total", &[("reason", "relabel_dropped")], relabel_dropped as f64);
+    metrics::add("ember_lost_total", &[("reason", "process_exited_unread")], processes_unread as f64);
+    if processes_unread > 0 {
+        tracing::warn!(processes = processes_unread, "processes exited before their mappings could be read: their frames stay unnamed");
+    }
     metrics::add("ember_intervals_total", &[], 1.0);
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     metrics::set("ember_last_interval_timestamp_seconds", &[], now.as_secs_f64());

@@ -10,7 +10,7 @@ use super::{
     relabel::Labels,
     targets::Targets,
 };
-use crate::kernel::RawInterval;
+use crate::{kernel::RawInterval, ops::losses::Losses};
 
 /// A frame position that holds no address: why a stack is missing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -74,6 +74,8 @@ pub struct ResolvedInterval {
     pub counters: [u64; counter::COUNT as usize],
     /// Events of targets that relabel rules dropped.
     pub relabel_dropped: u64,
+    /// Processes that exited before their mappings could be read (their frames unnamed).
+    pub processes_unread: u64,
 }
 
 impl ResolvedInterval {
@@ -86,6 +88,12 @@ impl ResolvedInterval {
             *total += add;
         }
         self.relabel_dropped += other.relabel_dropped;
+        self.processes_unread += other.processes_unread;
+    }
+
+    /// What the loss report needs of this interval.
+    pub fn losses(&self) -> Losses<'_> {
+        Losses { counters: &self.counters, relabel_dropped: self.relabel_dropped, processes_unread: self.processes_unread }
     }
 
     pub fn counter(&self, index: u32) -> u64 {
@@ -125,7 +133,7 @@ pub fn resolve(raw: RawInterval, procs: &mut ProcessTable, targets: &mut Targets
             })
         })
         .collect();
-    ResolvedInterval { start: raw.start, end: raw.end, samples, counters: raw.counters, relabel_dropped }
+    ResolvedInterval { start: raw.start, end: raw.end, samples, counters: raw.counters, relabel_dropped, processes_unread: 0 }
 }
 
 fn c_string(bytes: &[u8]) -> String {

@@ -65,6 +65,11 @@ impl Resolver {
         }
     }
 
+    /// Detaches the programs, so that the next drain is the last and complete.
+    pub fn stop_programs(&mut self) -> Result<()> {
+        self.sampler.stop()
+    }
+
     /// Ends the current interval: drains the kernel's buffers and resolves the samples.
     pub fn drain(&mut self) -> Result<ResolvedInterval> {
         self.capture_announced();
@@ -74,7 +79,8 @@ impl Resolver {
             metrics::set("ember_map_capacity", &[("map", map)], capacity as f64);
             metrics::set("ember_map_fill_ratio", &[("map", map)], entries as f64 / f64::from(capacity.max(1)));
         }
-        let interval = resolve(raw, &mut self.processes, &mut self.targets, &self.drop_reasons);
+        let mut interval = resolve(raw, &mut self.processes, &mut self.targets, &self.drop_reasons);
+        interval.processes_unread = self.processes.take_unread();
         self.processes.sweep();
         metrics::set("ember_processes_tracked", &[], self.processes.len() as f64);
         Ok(interval)

@@ -69,18 +69,27 @@ pub struct ProcessTable {
     processes: HashMap<u32, Process>,
     /// Binaries by (device, inode), shared between processes.
     binaries: HashMap<(u64, u64), Weak<Binary>>,
-    /// Processes that exited before their mappings could be read.
-    pub missed: u64,
+    /// Processes of this interval whose mappings could not be read, the last time that was
+    /// tried: they exited first, their frames stay unnamed, and they are counted.
+    unread: std::collections::HashSet<u32>,
 }
 
 impl ProcessTable {
     /// Reads (or re-reads, after exec) a process's mappings. Returns false if it is gone.
     pub fn capture(&mut self, tgid: u32) -> bool {
-        let Ok(maps) = fs::read_to_string(format!("/proc/{tgid}/maps")) else {
-            self.missed += 1;
+        // A process that has exited but is not reaped yet reads as no mappings at all: that
+        // is not its mappings, and must not replace the ones captured while it ran (it may be
+        // announced again while it exits).
+        let maps = fs::read_to_string(format!("/proc/{tgid}/maps")).unwrap_or_default();
+        if maps.is_empty() {
+            if !self.processes.contains_key(&tgid) {
+                self.unread.insert(tgid);
+            }
             return false;
-        };
+        }
         let name = fs::read_to_string(format!("/proc/{tgid}/comm")).unwrap_or_default().trim().to_string();
+        // Read after all (a read can fail while the process execs): not a loss.
+        self.unread.remove(&tgid);
         let mappings = maps.lines().filter_map(|line| self.parse_mapping(tgid, line)).collect();
         self.processes.insert(tgid, Process { name, mappings, exited: false });
         true
@@ -130,6 +139,11 @@ impl ProcessTable {
         let binary = Arc::new(binary);
         self.binaries.insert(id, Arc::downgrade(&binary));
         Some(binary)
+    }
+
+    /// How many processes exited before their mappings could be read, since the last call.
+    pub fn take_unread(&mut self) -> u64 {
+        std::mem::take(&mut self.unread).len() as u64
     }
 
     pub fn len(&self) -> usize {

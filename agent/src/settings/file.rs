@@ -37,6 +37,7 @@ pub struct FileConfig {
     pub offcpu_max_block: Option<String>,
     pub offcpu_states: Option<Vec<String>>,
     pub offcpu_sample_ratio: Option<u32>,
+    pub offcpu_max_threads: Option<u32>,
     /// Collector to push to, spool and identity (see `ember-agent run --help`).
     pub push: Option<String>,
     pub spool_dir: Option<PathBuf>,

@@ -32,6 +32,7 @@ const DEFAULT_RUN_FREQUENCY: u64 = 19;
 const DEFAULT_RECORD_FREQUENCY: u64 = 99;
 const DEFAULT_MAX_KEYS: u32 = 10_240;
 const DEFAULT_MAX_STACKS: u32 = 8_192;
+const DEFAULT_OFFCPU_MAX_THREADS: u32 = 65_536;
 const DEFAULT_INTERVAL: &str = "10s";
 /// A profile covers at least a second (a drain per few milliseconds would cost more than the
 /// profiling) and at most an hour (the maps hold a whole interval).
@@ -178,6 +179,7 @@ fn off_cpu_settings(args: &SamplingArgs, file: &FileConfig) -> Result<OffCpuSett
         min_block_ns: duration_ns(&args.offcpu_min_block, &file.offcpu_min_block)?.unwrap_or(0),
         max_block_ns: duration_ns(&args.offcpu_max_block, &file.offcpu_max_block)?.unwrap_or(u64::MAX),
         ratio,
+        max_threads: args.offcpu_max_threads.or(file.offcpu_max_threads).unwrap_or(DEFAULT_OFFCPU_MAX_THREADS),
     })
 }
 

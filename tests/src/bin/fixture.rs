@@ -9,8 +9,11 @@
 //! - `split`: main -> hot_a or hot_b, chosen at random per unit with p(a) = 0.7, both through
 //!   the same `burn`. Prints "<units> <a units>": the exact truth.
 //! - `read-zero`: main -> read_zero, reading /dev/zero in 1 MiB blocks. Prints rounds.
+//! - `stacks`: main -> descend -> descend -> ... (1 to 48 deep, cycling) -> burn: many short
+//!   distinct stacks, for stressing the stack maps. Prints rounds.
 //! - `block`: thread `sleeper` loops on nanosleep(10 ms); thread `reader` blocks in read()
 //!   on a pipe that thread `writer` feeds every 5 ms. Prints each thread's "<tid> <wall ns>".
+//! - `sleepers`: ARGS[0] threads `sleeper`, each looping on nanosleep(10 ms). Prints nothing.
 //! - `half`: thread `half_busy` alternates 10 ms of CPU and 10 ms of sleep. Prints
 //!   "<tid> <wall ns> <cpu ns>".
 //! - `tcp-recv`: accepts one connection on ARGS[0] (addr:port), reads until EOF. Prints bytes.
@@ -70,6 +73,15 @@ fn gettid() -> i64 {
 fn read_zero(fd: i32, buffer: &mut [u8]) -> i64 {
     // black_box: without it, optimized builds make this a tail call and drop read_zero's frame.
     black_box(raw_syscall(libc::SYS_read, fd as u64, buffer.as_mut_ptr() as u64, buffer.len() as u64))
+}
+
+/// `depth` nested frames of itself, then a short burn; `black_box` keeps every call a real one.
+#[inline(never)]
+fn descend(depth: u32) -> u64 {
+    if depth == 0 {
+        return black_box(burn(1));
+    }
+    black_box(descend(black_box(depth - 1))) + 1
 }
 
 #[inline(never)]
@@ -164,6 +176,14 @@ fn main() {
             }
             println!("{units} {a}");
         }
+        "stacks" => {
+            let mut rounds = 0u64;
+            while Instant::now() < deadline {
+                black_box(descend((rounds % 48) as u32 + 1));
+                rounds += 1;
+            }
+            println!("{rounds}");
+        }
         "read-zero" => {
             let file = std::fs::File::open("/dev/zero").expect("opening /dev/zero");
             let mut buffer = vec![0u8; 1 << 20];
@@ -184,6 +204,11 @@ fn main() {
             writing.join().unwrap();
             println!("{}", sleeping.join().unwrap());
             println!("{}", reading.join().unwrap());
+        }
+        "sleepers" => {
+            let count: usize = rest[0].parse().expect("sleepers THREADS");
+            let threads: Vec<_> = (0..count).map(|_| std::thread::spawn(move || sleeper(deadline))).collect();
+            threads.into_iter().for_each(|t| drop(t.join().unwrap()));
         }
         "half" => println!("{}", std::thread::spawn(move || half_busy(deadline)).join().unwrap()),
         "tcp-recv" => {
