@@ -53,7 +53,7 @@ pub async fn record(settings: RecordSettings) -> Result<()> {
         }
     }
     // Detached first, so that the last drain holds every event the programs counted.
-    resolver.stop_programs()?;
+    resolver.stop_programs();
     recorded.merge(resolver.drain()?);
     drop(resolver);
     if progress {

@@ -64,7 +64,7 @@ pub async fn run(settings: RunSettings) -> Result<()> {
             _ = ticks.tick() => {}
             _ = &mut shutdown => {
                 tracing::info!("stopping: flushing the partial interval");
-                resolver.stop_programs()?;
+                resolver.stop_programs();
                 stopping = true;
             }
         }

@@ -180,11 +180,26 @@ pub fn metric(text: &str, series: &str) -> f64 {
     metric_value(text, series).unwrap_or_else(|| panic!("no {series} in the metrics:\n{text}"))
 }
 
+/// An agent's /metrics, as text.
+pub fn fetch_metrics(status: std::net::SocketAddr) -> String {
+    let (code, body) = http_get(status, "/metrics");
+    assert_eq!(code, 200, "GET /metrics");
+    String::from_utf8(body).expect("utf-8 metrics")
+}
+
+/// A valid gzipped pprof profile with nothing in it.
+pub fn empty_pprof_gzip() -> Vec<u8> {
+    let profile = Profile { string_table: vec![String::new()], ..Default::default() };
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&profile.encode_to_vec()).unwrap();
+    gz.finish().unwrap()
+}
+
 /// Polls an agent's /metrics until `series` satisfies `ok` (bounded); returns its value.
 pub fn wait_for_metric(status: std::net::SocketAddr, series: &str, limit: Duration, ok: impl Fn(f64) -> bool) -> f64 {
     let deadline = Instant::now() + limit;
     loop {
-        let text = String::from_utf8(http_get(status, "/metrics").1).expect("utf-8 metrics");
+        let text = fetch_metrics(status);
         match metric_value(&text, series) {
             Some(value) if ok(value) => return value,
             last => assert!(Instant::now() < deadline, "{series} still {last:?} after {limit:?}:\n{text}"),

@@ -10,11 +10,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ember_proto::{ember::Profile, pprof};
+use ember_proto::ember::Profile;
 use ember_tests::{
-    http_get, require_root,
+    empty_pprof_gzip, fetch_metrics, metric_value, require_root,
     transport::{free_address, spool_is_empty, stop_agent, stored, CollectorProcess},
-    Agent, TempDir,
+    wait_for_metric, Agent, TempDir,
 };
 use prost::Message;
 
@@ -58,10 +58,7 @@ fn held_sequences(data: &Path) -> Vec<u64> {
 
 /// A metric's value from the agent's /metrics, 0 if it has no such series yet.
 fn metric(http: SocketAddr, series: &str) -> f64 {
-    let (status, body) = http_get(http, "/metrics");
-    assert_eq!(status, 200);
-    let text = String::from_utf8_lossy(&body).into_owned();
-    text.lines().find_map(|l| l.strip_prefix(series)).map_or(0.0, |v| v.trim().parse().unwrap())
+    metric_value(&fetch_metrics(http), series).unwrap_or(0.0)
 }
 
 #[test]
@@ -85,14 +82,6 @@ fn spool_overflow_during_an_outage_drops_the_oldest_counts_them_and_delivers_the
     assert_eq!(held_sequences(&data), expected, "{dropped} dropped");
 }
 
-/// A valid gzipped pprof profile with nothing in it.
-fn empty_pprof() -> Vec<u8> {
-    let profile = pprof::Profile { string_table: vec![String::new()], ..Default::default() };
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    std::io::Write::write_all(&mut gz, &profile.encode_to_vec()).unwrap();
-    gz.finish().unwrap()
-}
-
 #[test]
 fn a_refused_profile_in_the_middle_of_a_batch_is_dropped_alone_and_counted() {
     require_root();
@@ -109,7 +98,7 @@ fn a_refused_profile_in_the_middle_of_a_batch_is_dropped_alone_and_counted() {
             start_unix_nanos: start,
             end_unix_nanos: start + 1_000_000_000,
             labels: HashMap::new(),
-            pprof_gzip: empty_pprof(),
+            pprof_gzip: empty_pprof_gzip(),
         };
         std::fs::write(spool.join(format!("{sequence:020}.profile")), profile.encode_to_vec()).unwrap();
     }
@@ -117,7 +106,7 @@ fn a_refused_profile_in_the_middle_of_a_batch_is_dropped_alone_and_counted() {
     let collector = CollectorProcess::start(address, &data);
     let agent = push_agent(address, &spool, "refused", &["--http", &http.to_string()]);
     let refused = "ember_lost_total{reason=\"refused\",sink=\"collector\"}";
-    wait_until("the refusal is counted", Duration::from_secs(15), || metric(http, refused) >= 1.0);
+    wait_for_metric(http, refused, Duration::from_secs(15), |n| n >= 1.0);
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(metric(http, refused), 1.0, "only the bad profile is refused");
     stop_agent(agent);

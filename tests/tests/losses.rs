@@ -2,14 +2,7 @@
 //! and in /metrics. Needs root (the agent loads BPF programs).
 use std::{net::SocketAddr, process::Command, time::Duration};
 
-use ember_tests::{http_get, require_root, transport::free_address, Agent, Decoded, TempDir};
-
-/// A series' value from the agent's /metrics, None when the agent has no such series.
-fn metric(http: SocketAddr, series: &str) -> Option<f64> {
-    let (status, body) = http_get(http, "/metrics");
-    assert_eq!(status, 200);
-    String::from_utf8_lossy(&body).lines().find_map(|l| l.strip_prefix(series).map(|v| v.trim().parse().unwrap()))
-}
+use ember_tests::{fetch_metrics, metric_value, require_root, transport::free_address, Agent, Decoded, TempDir};
 
 /// A daemon writing profiles to `out` and serving /metrics on `http`, ready.
 fn daemon(hz: &str, interval: &str, out: &std::path::Path, http: SocketAddr) -> Agent {
@@ -33,7 +26,7 @@ fn processes_that_exit_before_their_mappings_are_read_are_counted() {
     }
     agent.signal(libc::SIGCONT);
     std::thread::sleep(Duration::from_secs(3));
-    let counted = metric(http, "ember_lost_total{reason=\"process_exited_unread\"}");
+    let counted = metric_value(&fetch_metrics(http), "ember_lost_total{reason=\"process_exited_unread\"}");
     agent.signal(libc::SIGTERM);
     agent.wait_success(Duration::from_secs(30));
     assert!(counted.is_some_and(|n| n >= 5.0), "5 processes exited unread, /metrics says {counted:?}");
@@ -51,7 +44,7 @@ fn an_interval_that_cannot_be_written_is_counted() {
     // The output directory disappears: the next intervals cannot be written.
     std::fs::remove_dir_all(&out).unwrap();
     std::thread::sleep(Duration::from_secs(2));
-    let failed = metric(http, "ember_lost_total{reason=\"interval_failed\"}");
+    let failed = metric_value(&fetch_metrics(http), "ember_lost_total{reason=\"interval_failed\"}");
     agent.signal(libc::SIGTERM);
     agent.wait_success(Duration::from_secs(30));
     assert!(failed.is_some_and(|n| n >= 1.0), "/metrics says {failed:?} failed intervals");

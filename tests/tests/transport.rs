@@ -100,10 +100,7 @@ fn collector_outage_and_agent_restart_lose_nothing_and_store_each_profile_once()
 fn bad_pushes_are_refused_without_crashing_or_losing_what_is_stored() {
     use std::collections::HashMap;
 
-    use ember_proto::{
-        ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest},
-        pprof,
-    };
+    use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest};
     use tonic::Code;
 
     let dir = TempDir::new("bad-push");
@@ -111,12 +108,7 @@ fn bad_pushes_are_refused_without_crashing_or_losing_what_is_stored() {
     let collector = CollectorProcess::start(address, &data);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i64;
-    let valid_pprof = {
-        let profile = pprof::Profile { string_table: vec![String::new()], ..Default::default() };
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-        std::io::Write::write_all(&mut gz, &prost::Message::encode_to_vec(&profile)).unwrap();
-        gz.finish().unwrap()
-    };
+    let valid_pprof = ember_tests::empty_pprof_gzip();
     let profile = |sequence: u64| Profile {
         sequence,
         kind: "cpu".into(),

@@ -66,8 +66,8 @@ impl Resolver {
     }
 
     /// Detaches the programs, so that the next drain is the last and complete.
-    pub fn stop_programs(&mut self) -> Result<()> {
-        self.sampler.stop()
+    pub fn stop_programs(&mut self) {
+        self.sampler.stop();
     }
 
     /// Ends the current interval: drains the kernel's buffers and resolves the samples.

@@ -43,11 +43,11 @@ impl Spool {
         let stored = fs::read_to_string(dir.join(NEXT_SEQUENCE)).ok().and_then(|s| s.trim().parse().ok());
         // The counter file is written before any profile file, so it is never behind; the
         // scan only matters if it was lost.
-        let highest = Self::files(dir)?.last().map(|(seq, _)| *seq).unwrap_or(0);
+        let files = Self::files(dir)?;
+        let highest = files.last().map(|(seq, _)| *seq).unwrap_or(0);
         let next_sequence = stored.unwrap_or(1).max(highest + 1);
         let id = Self::id_of(dir)?;
         let spool = Spool { sink, dir: dir.to_path_buf(), max_bytes, max_count, id, state: Mutex::new(State { next_sequence, dropped: 0 }) };
-        let files = Self::files(dir)?;
         spool.report(files.len(), bytes(&files));
         Ok(spool)
     }
