@@ -25,16 +25,22 @@ fn at_9999_hz_kept_plus_dropped_is_every_sample_and_no_stack_is_missing_or_forei
 
     let missing = profile.samples.iter().filter(|s| s.has_function("[stack lost: not in stack map]")).count();
     assert_eq!(missing, 0, "samples whose stack id had no stack");
-    // A stack taken from another place would put foreign frames under the fixture: every
-    // fixture stack that was kept whole runs down to the program's `main`, through no other
-    // mode's functions.
+    // A stack taken from another place would put foreign frames under the fixture, or
+    // addresses its own mappings do not cover. So: the sampled pc (the leaf user frame) is
+    // always resolved; every stack through the fixture's code runs down to the program's
+    // `main`, through no other mode's functions. (Stacks sampled in libc's start-up or exit
+    // code, which has no frame pointers, end where its frame pointers do.)
     for pid in pids {
         for sample in profile.samples_of(pid) {
             let user: Vec<&str> = sample.frames.iter().filter(|f| f.mapping != "[kernel.kallsyms]").map(|f| f.function.as_str()).collect();
             if user.iter().any(|f| f.starts_with("[user stack lost")) || user.is_empty() {
                 continue; // a counted collision, or a sample in the kernel only
             }
-            assert!(user.contains(&"main"), "a fixture stack without main (unread {}, announcements lost {}): {:?}", profile.counter("process_exited_unread"), profile.counter("process_event_lost"), &user[..3.min(user.len())]);
+            let context = format!("unread {}, announcements lost {}: {:?}", profile.counter("process_exited_unread"), profile.counter("process_event_lost"), &user[..3.min(user.len())]);
+            assert!(!user[0].starts_with("[unmapped]"), "a fixture sample whose own pc was not resolved ({context})");
+            if user.iter().any(|f| f.starts_with("fixture::")) {
+                assert!(user.contains(&"main"), "a fixture stack without main ({context})");
+            }
             let foreign: Vec<&&str> = user.iter().filter(|f| f.starts_with("fixture::") && !["fixture::main", "fixture::descend", "fixture::burn"].contains(f)).collect();
             assert!(foreign.is_empty(), "frames of another fixture mode in this one's stack: {foreign:?}");
         }
