@@ -16,7 +16,7 @@ pub struct SampleKey {
     pub pid: u32,
     /// cgroup v2 id of the task (inode number of its cgroup directory).
     pub cgroup_id: u64,
-    /// Id in the stack map of set `stack_set`, or a negative `stack_status` value.
+    /// Id in the user stack map of set `stack_set`, or a negative `stack_status` value.
     pub user_stack_id: i32,
     /// Id in the stack map of set `stack_set`, or a negative `stack_status` value.
     pub kernel_stack_id: i32,
@@ -142,6 +142,105 @@ pub mod stack_status {
     pub const ERROR: i32 = -3;
 }
 
+/// Most frames Ember's walker records in a user stack (the kernel's default
+/// `perf_event_max_stack`).
+pub const MAX_USER_FRAMES: usize = 127;
+
+/// A user stack walked by Ember's own unwinder, stored under a 31-bit hash of its frames.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UserStack {
+    /// A second hash of the frames, independent of the id: an id whose stored stack has
+    /// another check is a hash collision.
+    pub check: u64,
+    /// Frames used in `frames`, leaf first.
+    pub len: u32,
+    /// One of `unwind_stop`: why the walk ended.
+    pub stop: u32,
+    pub frames: [u64; MAX_USER_FRAMES],
+}
+
+/// Why the user-stack walk ended. Anything but `END` is a truncated stack: it keeps the
+/// frames it has, and the reason is counted (`counter::UNWIND_STOPS`) and shown at its root.
+pub mod unwind_stop {
+    /// The outermost frame was reached: the stack is complete.
+    pub const END: u32 = 0;
+    /// `MAX_USER_FRAMES` frames were recorded.
+    pub const DEPTH: u32 = 1;
+    /// Reading the stack failed (a bad pointer, or memory paged out).
+    pub const READ_FAULT: u32 = 2;
+    /// No unwind row covers the address (code without call frame information).
+    pub const NO_INFO: u32 = 3;
+    /// The row's rule is beyond the walker (a DWARF expression, another register).
+    pub const UNSUPPORTED: u32 = 4;
+    /// A PLT stub, whose frame depends on the instruction within it.
+    pub const PLT: u32 = 5;
+    /// A signal handler's trampoline: the caller's registers are in a signal frame.
+    pub const SIGNAL: u32 = 6;
+    /// The caller's frame would not be above the callee's: a corrupt stack, or a frame
+    /// pointer that is not one.
+    pub const BAD_FRAME: u32 = 7;
+    pub const COUNT: u32 = 8;
+
+    /// Each reason's name, as counters and markers show it.
+    pub const NAMES: [&str; COUNT as usize] =
+        ["end", "depth", "read_fault", "no_info", "unsupported", "plt", "signal", "bad_frame"];
+}
+
+/// One row of an unwind table in the kernel: from `pc` (relative to the table's base) up to
+/// the next row, how to find the caller (x86-64).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindRow {
+    pub pc: u32,
+    /// CFA = rsp or rbp (by `kind`) + this.
+    pub cfa_offset: u16,
+    /// One of `row_kind`.
+    pub kind: u8,
+    /// Where the caller's rbp is saved, in 8-byte words from the CFA; 0: rbp unchanged.
+    pub rbp_offset: i8,
+}
+
+/// What a row says; all but the first two end the walk with the `unwind_stop` of that name.
+pub mod row_kind {
+    pub const CFA_RSP: u8 = 0;
+    pub const CFA_RBP: u8 = 1;
+    pub const OUTERMOST: u8 = 2;
+    pub const PLT: u8 = 3;
+    pub const SIGNAL: u8 = 4;
+    pub const NO_INFO: u8 = 5;
+    pub const UNSUPPORTED: u8 = 6;
+}
+
+/// Rows one table may have: the walker's binary search takes at most log2 of this steps.
+pub const MAX_TABLE_ROWS: u32 = 1 << 23;
+
+/// An executable mapping of a process, as the walker sees it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExecMapping {
+    pub start: u64,
+    pub end: u64,
+    /// A pc in the mapping minus this is its address in the table's terms (`UnwindRow::pc`).
+    pub bias: u64,
+    /// The table's rows in the row array: `rows` from `first_row`. 0 rows: walk this
+    /// mapping's code by frame pointers.
+    pub first_row: u32,
+    pub rows: u32,
+}
+
+/// Executable mappings (with tables) the walker can tell apart in one process.
+pub const MAX_MAPPINGS: u32 = 1024;
+
+/// Where a process's executable mappings are in the mapping array: `count` from `first`,
+/// sorted by address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessMappings {
+    pub first: u32,
+    pub count: u32,
+}
+
 /// Indices of the per-CPU counter array of each buffer set. Every sample the program sees is
 /// counted in `SAMPLES` or `IDLE`; every sample or stack that could not be kept is counted
 /// under its reason, so that userspace can report losses instead of hiding them.
@@ -172,8 +271,14 @@ pub mod counter {
     pub const NET_EVENTS: u32 = 11;
     /// Off-CPU blocks counted (sampled).
     pub const OFF_CPU_BLOCKS: u32 = 12;
+    /// User stacks walked before userspace had loaded the process's mappings (cold start):
+    /// walked by frame pointers only.
+    pub const UNWIND_NO_PROCESS: u32 = 13;
+    /// User stack walks by how they ended, from here on one counter per `unwind_stop`
+    /// reason (index `UNWIND_STOPS + reason`; `END` counts complete stacks).
+    pub const UNWIND_STOPS: u32 = 14;
     /// Number of counters.
-    pub const COUNT: u32 = 13;
+    pub const COUNT: u32 = UNWIND_STOPS + super::unwind_stop::COUNT;
 
     /// Each counter's name, as profile comments (`ember.counter.<name>=<value>`) and the
     /// agent's metrics and logs call it.
@@ -191,6 +296,15 @@ pub mod counter {
         (OFF_CPU_OUT_OF_RANGE, "off_cpu_out_of_range"),
         (NET_EVENTS, "net_events"),
         (OFF_CPU_BLOCKS, "off_cpu_blocks"),
+        (UNWIND_NO_PROCESS, "unwind_no_process"),
+        (UNWIND_STOPS, "unwind_complete"),
+        (UNWIND_STOPS + 1, "unwind_stop_depth"),
+        (UNWIND_STOPS + 2, "unwind_stop_read_fault"),
+        (UNWIND_STOPS + 3, "unwind_stop_no_info"),
+        (UNWIND_STOPS + 4, "unwind_stop_unsupported"),
+        (UNWIND_STOPS + 5, "unwind_stop_plt"),
+        (UNWIND_STOPS + 6, "unwind_stop_signal"),
+        (UNWIND_STOPS + 7, "unwind_stop_bad_frame"),
     ];
 }
 
@@ -205,7 +319,16 @@ pub struct ProcessEvent {
 /// Map and global names, used by the BPF object and looked up by the loader.
 pub mod names {
     pub const COUNTS: [&str; 2] = ["COUNTS_A", "COUNTS_B"];
+    /// Kernel stacks (`bpf_get_stackid`).
     pub const STACKS: [&str; 2] = ["STACKS_A", "STACKS_B"];
+    /// User stacks walked by Ember, by hash.
+    pub const USER_STACKS: [&str; 2] = ["USER_STACKS_A", "USER_STACKS_B"];
+    /// Every loaded unwind table's rows, one array (mmapped by userspace to fill it).
+    pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
+    /// Every loaded process's executable mappings, one array.
+    pub const MAPPINGS: &str = "MAPPINGS";
+    /// Per process (tgid): where its mappings are in `MAPPINGS`.
+    pub const PROCESS_MAPPINGS: &str = "PROCESS_MAPPINGS";
     pub const COUNTERS: [&str; 2] = ["COUNTERS_A", "COUNTERS_B"];
     /// One-element array: the interval's generation; the programs write to set
     /// `generation & 1`.
@@ -260,4 +383,8 @@ mod pod {
     unsafe impl aya::Pod for super::FieldLayout {}
     unsafe impl aya::Pod for super::SocketOwner {}
     unsafe impl aya::Pod for super::SwitchLayout {}
+    unsafe impl aya::Pod for super::UserStack {}
+    unsafe impl aya::Pod for super::UnwindRow {}
+    unsafe impl aya::Pod for super::ProcessMappings {}
+    unsafe impl aya::Pod for super::ExecMapping {}
 }

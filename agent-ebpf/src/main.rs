@@ -7,12 +7,14 @@
 #![no_std]
 #![no_main]
 
+mod walk;
+
 use agent_common::{
     attribution, block_state, counter, kind, stack_status, FieldLayout, OffCpuStart, ProcessEvent, SampleKey,
-    SampleValue, SocketOwner, SwitchLayout, COMM_LEN, IFNAMSIZ,
+    SampleValue, SocketOwner, SwitchLayout, UserStack, COMM_LEN, IFNAMSIZ,
 };
 use aya_ebpf::{
-    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
+    bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32,
         bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
@@ -38,6 +40,10 @@ static COUNTS_B: PerCpuHashMap<SampleKey, SampleValue> = PerCpuHashMap::with_max
 static STACKS_A: StackTrace = StackTrace::with_max_entries(MAX_STACKS, 0);
 #[map]
 static STACKS_B: StackTrace = StackTrace::with_max_entries(MAX_STACKS, 0);
+#[map]
+static USER_STACKS_A: HashMap<u32, UserStack> = HashMap::with_max_entries(MAX_STACKS, 0);
+#[map]
+static USER_STACKS_B: HashMap<u32, UserStack> = HashMap::with_max_entries(MAX_STACKS, 0);
 #[map]
 static COUNTERS_A: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
 #[map]
@@ -99,6 +105,7 @@ struct BufferSet {
     index: u8,
     counts: &'static PerCpuHashMap<SampleKey, SampleValue>,
     stacks: &'static StackTrace,
+    user_stacks: &'static HashMap<u32, UserStack>,
     counters: &'static PerCpuArray<u64>,
 }
 
@@ -106,9 +113,23 @@ struct BufferSet {
 fn active_set() -> BufferSet {
     let generation = ACTIVE_SET.get(0).copied().unwrap_or(0);
     if generation & 1 == 1 {
-        BufferSet { generation, index: 1, counts: &COUNTS_B, stacks: &STACKS_B, counters: &COUNTERS_B }
+        BufferSet {
+            generation,
+            index: 1,
+            counts: &COUNTS_B,
+            stacks: &STACKS_B,
+            user_stacks: &USER_STACKS_B,
+            counters: &COUNTERS_B,
+        }
     } else {
-        BufferSet { generation, index: 0, counts: &COUNTS_A, stacks: &STACKS_A, counters: &COUNTERS_A }
+        BufferSet {
+            generation,
+            index: 0,
+            counts: &COUNTS_A,
+            stacks: &STACKS_A,
+            user_stacks: &USER_STACKS_A,
+            counters: &COUNTERS_A,
+        }
     }
 }
 
@@ -120,20 +141,20 @@ fn bump(counters: &PerCpuArray<u64>, index: u32) {
     }
 }
 
-/// Stack id of the current task, or a `stack_status` marker with its loss counted.
+/// Kernel stack id of the current task, or a `stack_status` marker with its loss counted.
+/// (User stacks are walked by `walk`.)
 #[inline(always)]
-fn stack_id<C: StackIdContext>(ctx: &C, set: &BufferSet, user: bool) -> i32 {
-    let flags = if user { BPF_F_USER_STACK as u64 } else { 0 };
-    match ctx.get_stackid(set.stacks, flags) {
+fn kernel_stack_id<C: StackIdContext>(ctx: &C, set: &BufferSet) -> i32 {
+    match ctx.get_stackid(set.stacks, 0) {
         Ok(id) => id as i32,
-        // -EFAULT: no stack of this kind (user-mode sample, or kernel thread).
+        // -EFAULT: no kernel stack (a user-mode sample).
         Err(-14) => stack_status::NONE,
         Err(-17) => {
-            bump(set.counters, if user { counter::USER_STACK_COLLISION } else { counter::KERNEL_STACK_COLLISION });
+            bump(set.counters, counter::KERNEL_STACK_COLLISION);
             stack_status::COLLISION
         }
         Err(_) => {
-            bump(set.counters, if user { counter::USER_STACK_ERROR } else { counter::KERNEL_STACK_ERROR });
+            bump(set.counters, counter::KERNEL_STACK_ERROR);
             stack_status::ERROR
         }
     }
@@ -223,11 +244,11 @@ pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
     }
     bump(set.counters, counter::SAMPLES);
     let mut key = current_key(kind::ON_CPU, &set);
-    key.user_stack_id = stack_id(&ctx, &set, true);
+    key.user_stack_id = walk::user_stack_id(&set, tgid);
     // A sample taken in user mode has no kernel stack: skip the helper call (the kernel
     // would walk nothing and return -EFAULT). cs's low bits are the privilege level.
     if unsafe { (*ctx.ctx).regs.cs } & 3 != 3 {
-        key.kernel_stack_id = stack_id(&ctx, &set, false);
+        key.kernel_stack_id = kernel_stack_id(&ctx, &set);
     }
     record(&set, &key, 1, 0);
     0
@@ -292,8 +313,8 @@ fn switch_out(ctx: &TracePointContext, set: &BufferSet, state: u64, now: u64) {
     }
     let mut key = current_key(kind::OFF_CPU, set);
     key.aux = class;
-    key.user_stack_id = stack_id(ctx, set, true);
-    key.kernel_stack_id = stack_id(ctx, set, false);
+    key.user_stack_id = walk::user_stack_id(set, tgid);
+    key.kernel_stack_id = kernel_stack_id(ctx, set);
     if OFF_CPU_START.insert(&key.pid, &OffCpuStart { key, start_ns: now }, 0).is_err() {
         bump(set.counters, counter::OFF_CPU_TABLE_FULL);
     }
@@ -348,8 +369,8 @@ fn record_net(ctx: &TracePointContext, event_kind: u8) -> u32 {
             return 0;
         }
     }
-    key.user_stack_id = stack_id(ctx, &set, true);
-    key.kernel_stack_id = stack_id(ctx, &set, false);
+    key.user_stack_id = walk::user_stack_id(&set, tgid);
+    key.kernel_stack_id = kernel_stack_id(ctx, &set);
     record(&set, &key, 1, len as u64);
     0
 }
@@ -389,8 +410,8 @@ pub fn sock_send_length(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let mut key = current_key(kind::NET_DEV_QUEUE, &set);
-    key.user_stack_id = stack_id(&ctx, &set, true);
-    key.kernel_stack_id = stack_id(&ctx, &set, false);
+    key.user_stack_id = walk::user_stack_id(&set, key.tgid);
+    key.kernel_stack_id = kernel_stack_id(&ctx, &set);
     let _ = SOCK_OWNER.insert(&sk, &SocketOwner { key, generation: set.generation, _pad: 0 }, 0);
     0
 }
@@ -435,15 +456,18 @@ pub fn process_exit(_ctx: TracePointContext) -> u32 {
     let _ = OFF_CPU_START.remove(&pid);
     if tgid == pid {
         let _ = KNOWN_TGIDS.remove(&tgid);
+        walk::forget_process(tgid);
     }
     0
 }
 
-/// After exec a process has new mappings: forget it so its next event announces it again.
+/// After exec a process has new mappings: forget it (and its old mappings) so its next event
+/// announces it again.
 #[tracepoint]
 pub fn process_exec(ctx: TracePointContext) -> u32 {
     let tgid = ctx.tgid();
     let _ = KNOWN_TGIDS.remove(&tgid);
+    walk::forget_process(tgid);
     0
 }
 

@@ -157,6 +157,10 @@ pub struct SamplingArgs {
     /// Distinct stacks kept per interval.
     #[arg(long)]
     pub max_stacks: Option<u32>,
+    /// Kernel memory for unwind tables, all executables together [default: 16]. Executables
+    /// beyond it are walked by frame pointers, and counted.
+    #[arg(long)]
+    pub unwind_table_mib: Option<f64>,
 }
 
 #[derive(Args, Debug)]

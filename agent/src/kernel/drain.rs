@@ -6,11 +6,22 @@ use std::{
     time::SystemTime,
 };
 
-use agent_common::{counter, SampleKey, SampleValue};
+use agent_common::{counter, unwind_stop, SampleKey, SampleValue, UserStack};
 use anyhow::{Context as _, Result};
-use aya::maps::PerCpuValues;
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuValues, StackTraceMap};
 
 use super::load::Sampler;
+
+/// A stack read from a stack map, leaf first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stack {
+    pub frames: Vec<u64>,
+    /// Why the walk ended (`agent_common::unwind_stop`); kernel stacks are always `END`.
+    pub stop: u32,
+}
+
+/// Which stack map a key's stack id refers to: (user, buffer set, id).
+pub type StackRef = (bool, u8, u32);
 
 /// One drained buffer set: what the kernel aggregated over one interval.
 #[derive(Debug, Default)]
@@ -18,8 +29,8 @@ pub struct RawInterval {
     pub start: Option<SystemTime>,
     pub end: Option<SystemTime>,
     pub counts: Vec<(SampleKey, SampleValue)>,
-    /// Stacks by (buffer set, stack id): off-CPU keys may name the other set's map.
-    pub stacks: HashMap<(u8, u32), Vec<u64>>,
+    /// Stacks by map and id: off-CPU keys may name the other set's maps.
+    pub stacks: HashMap<StackRef, Stack>,
     /// Summed over CPUs, indexed by `agent_common::counter`.
     pub counters: [u64; counter::COUNT as usize],
 }
@@ -55,30 +66,22 @@ impl Sampler {
         // in a later interval, by these ids.
         let retained = self.referenced_stack_ids(idle as u8, idle_generation);
         let set = &mut self.sets[idle as usize];
-        let ids: Vec<u32> = set.stacks.stack_ids().collect::<Result<_, _>>().context("reading stack ids")?;
-        let mut stacks = HashMap::new();
-        for id in ids {
-            if let Ok(stack) = set.stacks.get(&id, 0) {
-                stacks.insert(id, stack.frames().iter().map(|f| f.ip).collect::<Vec<u64>>());
-            }
-            if !retained.contains(&id) {
-                set.stacks.remove(&id).context("clearing stacks")?;
-            }
-        }
+        let mut stacks = drain_stacks(&mut set.stacks, &retained)?;
+        stacks.extend(drain_stacks(&mut set.user_stacks, &retained)?);
         // A thread that blocked while the other set was active is counted here with that
         // set's stack ids, which were all read at that set's last drain, before any was
         // deleted. (Reading the live map instead could find a reused id: another stack.)
         let other = self.active_index as u8;
         for (key, _) in &interval.counts {
             if key.stack_set == other {
-                for id in [key.user_stack_id, key.kernel_stack_id].into_iter().filter(|id| *id >= 0) {
-                    if let Some(stack) = self.last_stacks[other as usize].get(&(id as u32)) {
-                        interval.stacks.insert((other, id as u32), stack.clone());
+                for (user, id) in [(true, key.user_stack_id), (false, key.kernel_stack_id)] {
+                    if let Some(stack) = u32::try_from(id).ok().and_then(|id| self.last_stacks[other as usize].get(&(user, id))) {
+                        interval.stacks.insert((user, other, id as u32), stack.clone());
                     }
                 }
             }
         }
-        interval.stacks.extend(stacks.iter().map(|(id, stack)| ((idle as u8, *id), stack.clone())));
+        interval.stacks.extend(stacks.iter().map(|((user, id), stack)| ((*user, idle as u8, *id), stack.clone())));
         self.last_stacks[idle as usize] = stacks;
         let set = &mut self.sets[idle as usize];
         for index in 0..counter::COUNT {
@@ -93,16 +96,66 @@ impl Sampler {
     /// Stack ids in `set` that later events will be counted with: those of threads blocked
     /// right now, and the send stacks captured in the interval being drained (transmits
     /// use them during the next interval too).
-    fn referenced_stack_ids(&self, set: u8, generation: u32) -> HashSet<u32> {
+    fn referenced_stack_ids(&self, set: u8, generation: u32) -> HashSet<(bool, u32)> {
         let blocked = self.off_cpu_start.iter().flat_map(|m| m.iter().filter_map(Result::ok).map(|(_, s)| s.key));
         let blocked = blocked.filter(|key| key.stack_set == set);
         let senders = self.sock_owner.iter().flat_map(|m| m.iter().filter_map(Result::ok).map(|(_, o)| o));
         let senders = senders.filter(|owner| owner.generation == generation).map(|owner| owner.key);
         blocked
             .chain(senders)
-            .flat_map(|key| [key.user_stack_id, key.kernel_stack_id])
-            .filter(|id| *id >= 0)
-            .map(|id| id as u32)
+            .flat_map(|key| [(true, key.user_stack_id), (false, key.kernel_stack_id)])
+            .filter_map(|(user, id)| Some((user, u32::try_from(id).ok()?)))
             .collect()
     }
+}
+
+/// A stack map the drain reads: the kernel's (`bpf_get_stackid`) or Ember's user stacks.
+trait StackMap {
+    const USER: bool;
+    fn ids(&self) -> Result<Vec<u32>>;
+    fn read(&self, id: u32) -> Option<Stack>;
+    fn remove(&mut self, id: u32) -> Result<()>;
+}
+
+impl StackMap for StackTraceMap<MapData> {
+    const USER: bool = false;
+    fn ids(&self) -> Result<Vec<u32>> {
+        self.stack_ids().collect::<Result<_, _>>().context("reading kernel stack ids")
+    }
+    fn read(&self, id: u32) -> Option<Stack> {
+        let stack = self.get(&id, 0).ok()?;
+        Some(Stack { frames: stack.frames().iter().map(|f| f.ip).collect(), stop: unwind_stop::END })
+    }
+    fn remove(&mut self, id: u32) -> Result<()> {
+        StackTraceMap::remove(self, &id).context("clearing kernel stacks")
+    }
+}
+
+impl StackMap for BpfHashMap<MapData, u32, UserStack> {
+    const USER: bool = true;
+    fn ids(&self) -> Result<Vec<u32>> {
+        self.keys().collect::<Result<_, _>>().context("reading user stack ids")
+    }
+    fn read(&self, id: u32) -> Option<Stack> {
+        let stack = self.get(&id, 0).ok()?;
+        let frames = stack.frames.get(..stack.len as usize)?.to_vec();
+        Some(Stack { frames, stop: stack.stop })
+    }
+    fn remove(&mut self, id: u32) -> Result<()> {
+        BpfHashMap::remove(self, &id).context("clearing user stacks")
+    }
+}
+
+/// Reads every stack of `map`, by (user, id), and removes those not `retained`.
+fn drain_stacks<M: StackMap>(map: &mut M, retained: &HashSet<(bool, u32)>) -> Result<HashMap<(bool, u32), Stack>> {
+    let mut stacks = HashMap::new();
+    for id in map.ids()? {
+        if let Some(stack) = map.read(id) {
+            stacks.insert((M::USER, id), stack);
+        }
+        if !retained.contains(&(M::USER, id)) {
+            map.remove(id)?;
+        }
+    }
+    Ok(stacks)
 }

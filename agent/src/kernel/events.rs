@@ -82,8 +82,11 @@ pub struct KernelSettings {
     pub net: Vec<NetEvent>,
     /// Distinct (thread, stack) keys per interval; events beyond are counted as `map_full`.
     pub max_keys: u32,
-    /// Distinct stacks per interval (user and kernel share the map).
+    /// Distinct user stacks, and distinct kernel stacks, per interval.
     pub max_stacks: u32,
+    /// Unwind table rows the kernel holds, for all executables together (the table memory
+    /// budget, 8 bytes a row).
+    pub unwind_rows: u32,
     /// Only these processes (empty: all).
     pub pids: Vec<u32>,
     /// Only this cgroup v2 id.

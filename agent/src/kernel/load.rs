@@ -7,7 +7,7 @@ use std::{
     time::SystemTime,
 };
 
-use agent_common::{names, OffCpuStart, SampleKey, SampleValue, SocketOwner};
+use agent_common::{names, OffCpuStart, SampleKey, SampleValue, SocketOwner, UserStack};
 use anyhow::{Context as _, Result};
 use aya::{
     maps::{Array, HashMap as BpfHashMap, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap},
@@ -24,13 +24,20 @@ use super::{
     barrier::ProgramBarrier,
     events::{Event, KernelSettings},
     layouts::{net_layouts, switch_layout, transmit_attribution},
+    unwind_maps::UnwindMaps,
+    Stack,
 };
+
+/// Executable mappings (with unwind tables) of all processes together: ~20 per process on a
+/// typical host, 32 bytes each.
+const MAPPING_SLOTS: u32 = 65536;
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ember"));
 
 pub(super) struct BufferSet {
     pub(super) counts: PerCpuHashMap<MapData, SampleKey, SampleValue>,
     pub(super) stacks: StackTraceMap<MapData>,
+    pub(super) user_stacks: BpfHashMap<MapData, u32, UserStack>,
     pub(super) counters: PerCpuArray<MapData, u64>,
 }
 
@@ -49,14 +56,15 @@ pub struct Sampler {
     pub(super) off_cpu_start: Option<BpfHashMap<MapData, u32, OffCpuStart>>,
     /// Sockets' last senders (transmit attribution only).
     pub(super) sock_owner: Option<BpfHashMap<MapData, u64, SocketOwner>>,
-    /// Each set's stacks as read at its last drain, by id.
-    pub(super) last_stacks: [HashMap<u32, Vec<u64>>; 2],
+    /// Each set's stacks as read at its last drain, by (user, id).
+    pub(super) last_stacks: [HashMap<(bool, u32), Stack>; 2],
 }
 
 impl Sampler {
     /// Loads and attaches the programs. Also returns the kernel's announcements of new
-    /// processes, for the caller to poll. Must be called inside a tokio runtime.
-    pub fn start(settings: &KernelSettings) -> Result<(Sampler, Announcements)> {
+    /// processes, for the caller to poll, and the user-stack walker's maps, for the caller to
+    /// fill. Must be called inside a tokio runtime.
+    pub fn start(settings: &KernelSettings) -> Result<(Sampler, Announcements, UnwindMaps)> {
         let filter_tgids = u8::from(!settings.pids.is_empty());
         let cgroup = settings.cgroup_id.unwrap_or(0);
         let switch = settings.off_cpu.as_ref().map(|_| switch_layout()).transpose()?;
@@ -89,9 +97,11 @@ impl Sampler {
         for name in names::COUNTS {
             loader.map_max_entries(name, settings.max_keys.max(1));
         }
-        for name in names::STACKS {
+        for name in names::STACKS.into_iter().chain(names::USER_STACKS) {
             loader.map_max_entries(name, settings.max_stacks.max(1));
         }
+        loader.map_max_entries(names::UNWIND_ROWS, settings.unwind_rows.max(1));
+        loader.map_max_entries(names::MAPPINGS, MAPPING_SLOTS);
         let mut ebpf = loader.load(OBJECT).map_err(|e| anyhow::anyhow!("loading the BPF object failed: {e}{}", chain(&e)))?;
 
         let mut filter: BpfHashMap<_, u32, u8> = BpfHashMap::try_from(take(&mut ebpf, names::TGID_FILTER)?)?;
@@ -130,6 +140,7 @@ impl Sampler {
             Ok(BufferSet {
                 counts: PerCpuHashMap::try_from(take(&mut ebpf, names::COUNTS[i])?)?,
                 stacks: StackTraceMap::try_from(take(&mut ebpf, names::STACKS[i])?)?,
+                user_stacks: BpfHashMap::try_from(take(&mut ebpf, names::USER_STACKS[i])?)?,
                 counters: PerCpuArray::try_from(take(&mut ebpf, names::COUNTERS[i])?)?,
             })
         });
@@ -148,6 +159,11 @@ impl Sampler {
             Some(_) => Some(BpfHashMap::try_from(take(&mut ebpf, names::SOCK_OWNER)?)?),
             None => None,
         };
+        let unwind_maps = UnwindMaps::new(
+            Array::try_from(take(&mut ebpf, names::UNWIND_ROWS)?)?,
+            Array::try_from(take(&mut ebpf, names::MAPPINGS)?)?,
+            BpfHashMap::try_from(take(&mut ebpf, names::PROCESS_MAPPINGS)?)?,
+        );
         let barrier = ProgramBarrier::new(active.map().fd().as_fd().as_raw_fd())?;
         let sampler = Sampler {
             ebpf: Some(ebpf),
@@ -162,7 +178,7 @@ impl Sampler {
             sock_owner,
             last_stacks: Default::default(),
         };
-        Ok((sampler, Announcements::new(process_events)?))
+        Ok((sampler, Announcements::new(process_events)?, unwind_maps))
     }
 }
 

@@ -8,10 +8,12 @@ mod drain;
 mod events;
 mod layouts;
 mod load;
+mod unwind_maps;
 pub mod preflight;
 pub mod tracefs;
 
 pub use announce::Announcements;
-pub use drain::RawInterval;
+pub use drain::{RawInterval, Stack};
 pub use events::{Event, KernelSettings, NetEvent, OffCpuSettings};
 pub use load::Sampler;
+pub use unwind_maps::UnwindMaps;

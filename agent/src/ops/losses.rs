@@ -25,6 +25,7 @@ pub fn report(losses: Losses) {
             counter::NET_EVENTS | counter::OFF_CPU_BLOCKS | counter::IDLE | counter::FILTERED | counter::OFF_CPU_OUT_OF_RANGE => {
                 ("ember_events_total", Some("event"))
             }
+            counter::UNWIND_NO_PROCESS.. => ("ember_user_stacks_total", Some("walk")),
             _ => ("ember_lost_total", Some("reason")),
         };
         let labels: Vec<(&str, &str)> = label.map(|l| (l, name)).into_iter().collect();

@@ -3,7 +3,7 @@
 //! file offset. Runs right after the drain, while short-lived processes may still exist.
 use std::{collections::HashMap, sync::Arc, time::SystemTime};
 
-use agent_common::{counter, kind, stack_status, SampleKey, SampleValue};
+use agent_common::{counter, kind, stack_status, unwind_stop, SampleKey, SampleValue};
 
 use super::{
     procs::{ProcessTable, UserAddress},
@@ -23,6 +23,9 @@ pub enum Marker {
     StackMissing,
     /// Neither a user nor a kernel stack was captured.
     NoStack,
+    /// The user stack's walk stopped early (`agent_common::unwind_stop`): the root of a
+    /// truncated stack.
+    Truncated(u32),
 }
 
 impl Marker {
@@ -34,6 +37,16 @@ impl Marker {
             Marker::KernelError => "[kernel stack lost: capture error]",
             Marker::StackMissing => "[stack lost: not in stack map]",
             Marker::NoStack => "[no stack]",
+            Marker::Truncated(stop) => match stop {
+                unwind_stop::DEPTH => "[truncated: depth limit]",
+                unwind_stop::READ_FAULT => "[truncated: stack unreadable]",
+                unwind_stop::NO_INFO => "[truncated: no unwind info]",
+                unwind_stop::UNSUPPORTED => "[truncated: unsupported unwind rule]",
+                unwind_stop::PLT => "[truncated: in a PLT stub]",
+                unwind_stop::SIGNAL => "[truncated: signal frame]",
+                unwind_stop::BAD_FRAME => "[truncated: bad frame]",
+                _ => "[truncated]",
+            },
         }
     }
 }
@@ -158,10 +171,16 @@ fn push_stack(sites: &mut Vec<Site>, raw: &RawInterval, set: u8, id: i32, user: 
             sites.push(Site::Marker(if user { Marker::UserCollision } else { Marker::KernelCollision }))
         }
         id if id < 0 => sites.push(Site::Marker(if user { Marker::UserError } else { Marker::KernelError })),
-        id => match raw.stacks.get(&(set, id as u32)) {
-            // Frames above the leaf are return addresses: step back into the call instruction
-            // so that the call site, not the next line, is symbolized.
-            Some(ips) => sites.extend(ips.iter().enumerate().map(|(i, &ip)| site(if i == 0 { ip } else { ip - 1 }))),
+        id => match raw.stacks.get(&(user, set, id as u32)) {
+            Some(stack) => {
+                // Frames above the leaf are return addresses: step back into the call
+                // instruction so that the call site, not the next line, is symbolized.
+                let frames = stack.frames.iter().enumerate();
+                sites.extend(frames.map(|(i, &ip)| site(if i == 0 { ip } else { ip.saturating_sub(1) })));
+                if stack.stop != unwind_stop::END {
+                    sites.push(Site::Marker(Marker::Truncated(stack.stop)));
+                }
+            }
             None => sites.push(Site::Marker(Marker::StackMissing)),
         },
     }

@@ -19,6 +19,7 @@ pub use targets::Targets;
 use crate::{
     kernel::{tracefs::Format, Announcements, KernelSettings, Sampler},
     ops::metrics,
+    unwind::Unwinder,
 };
 use interval::{resolve, DropReasons};
 use procs::ProcessTable;
@@ -27,6 +28,7 @@ pub struct Resolver {
     sampler: Sampler,
     announcements: Announcements,
     processes: ProcessTable,
+    unwinder: Unwinder,
     targets: Targets,
     drop_reasons: DropReasons,
     /// Capacities of the counts and stacks maps, for the fill metrics.
@@ -36,7 +38,7 @@ pub struct Resolver {
 impl Resolver {
     /// Loads and attaches the programs. Must be called inside a tokio runtime.
     pub fn start(settings: &KernelSettings, targets: Targets) -> Result<Resolver> {
-        let (sampler, announcements) = Sampler::start(settings)?;
+        let (sampler, announcements, unwind_maps) = Sampler::start(settings)?;
         let drop_reasons = if settings.net.iter().any(|e| e.kind() == kind::KFREE_SKB) {
             Format::read("skb", "kfree_skb")?.symbols("reason")
         } else {
@@ -46,6 +48,7 @@ impl Resolver {
             sampler,
             announcements,
             processes: ProcessTable::default(),
+            unwinder: Unwinder::new(unwind_maps),
             targets,
             drop_reasons,
             capacity: (settings.max_keys, settings.max_stacks),
@@ -63,6 +66,16 @@ impl Resolver {
         for tgid in self.announcements.take() {
             self.processes.capture(tgid);
         }
+        self.load_unwind_tables();
+    }
+
+    /// Loads the unwind tables and mappings of processes captured since the last call.
+    fn load_unwind_tables(&mut self) {
+        for (tgid, files) in self.processes.take_captured() {
+            if let Err(e) = self.unwinder.load_process(tgid, &files) {
+                tracing::warn!(tgid, "user stacks of this process are walked by frame pointers only: {e:#}");
+            }
+        }
     }
 
     /// Detaches the programs, so that the next drain is the last and complete.
@@ -74,14 +87,26 @@ impl Resolver {
     pub fn drain(&mut self) -> Result<ResolvedInterval> {
         self.capture_announced();
         let raw = self.sampler.drain()?;
-        for (map, entries, capacity) in [("counts", raw.counts.len(), self.capacity.0), ("stacks", raw.stacks.len(), self.capacity.1)] {
+        let user_stacks = raw.stacks.keys().filter(|(user, _, _)| *user).count();
+        let maps = [
+            ("counts", raw.counts.len(), self.capacity.0),
+            ("user_stacks", user_stacks, self.capacity.1),
+            ("kernel_stacks", raw.stacks.len() - user_stacks, self.capacity.1),
+        ];
+        for (map, entries, capacity) in maps {
             metrics::set("ember_map_entries", &[("map", map)], entries as f64);
             metrics::set("ember_map_capacity", &[("map", map)], capacity as f64);
             metrics::set("ember_map_fill_ratio", &[("map", map)], entries as f64 / f64::from(capacity.max(1)));
         }
         let mut interval = resolve(raw, &mut self.processes, &mut self.targets, &self.drop_reasons);
         interval.processes_unread = self.processes.take_unread();
-        self.processes.sweep();
+        // Resolving re-reads processes that mapped new code since their capture.
+        self.load_unwind_tables();
+        for tgid in self.processes.sweep() {
+            self.unwinder.forget_process(tgid);
+        }
+        let live = self.processes.live_tables();
+        self.unwinder.retain(|key| live.contains(key));
         metrics::set("ember_processes_tracked", &[], self.processes.len() as f64);
         Ok(interval)
     }

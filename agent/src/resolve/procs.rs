@@ -2,12 +2,14 @@
 //! kernel first announces a process (or after it execs), and every mapped binary is held open,
 //! so a process that exits before the drain, or whose binary is deleted, still symbolizes.
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fs::{self, File},
     os::{fd::AsRawFd, unix::fs::MetadataExt},
     path::PathBuf,
     sync::{Arc, Weak},
 };
+
+use crate::unwind::{MappedFile, TableKey};
 
 /// An executable file mapped by some process, kept open for symbolization.
 #[derive(Debug)]
@@ -29,6 +31,14 @@ impl Binary {
 
     pub fn name(&self) -> &str {
         self.path.rsplit('/').next().unwrap_or(&self.path)
+    }
+
+    /// Its unwind table's identity: copies of one build share it.
+    pub fn table_key(&self) -> TableKey {
+        match &self.build_id {
+            Some(id) => TableKey::BuildId(id.clone()),
+            None => TableKey::File(self.id.0, self.id.1),
+        }
     }
 }
 
@@ -71,7 +81,9 @@ pub struct ProcessTable {
     binaries: HashMap<(u64, u64), Weak<Binary>>,
     /// Processes of this interval whose mappings could not be read, the last time that was
     /// tried: they exited first, their frames stay unnamed, and they are counted.
-    unread: std::collections::HashSet<u32>,
+    unread: HashSet<u32>,
+    /// Processes captured since the last `take_captured`: their unwind mappings are due.
+    captured: Vec<u32>,
 }
 
 impl ProcessTable {
@@ -92,7 +104,33 @@ impl ProcessTable {
         self.unread.remove(&tgid);
         let mappings = maps.lines().filter_map(|line| self.parse_mapping(tgid, line)).collect();
         self.processes.insert(tgid, Process { name, mappings, exited: false });
+        self.captured.push(tgid);
         true
+    }
+
+    /// Processes captured since the last call, with their file-backed executable mappings.
+    pub fn take_captured(&mut self) -> Vec<(u32, Vec<MappedFile>)> {
+        let captured = std::mem::take(&mut self.captured);
+        captured.into_iter().filter_map(|tgid| Some((tgid, self.mapped_files(tgid)?))).collect()
+    }
+
+    fn mapped_files(&self, tgid: u32) -> Option<Vec<MappedFile>> {
+        let files = self.processes.get(&tgid)?.mappings.iter().filter_map(|m| match &m.target {
+            MappingTarget::File(binary) => Some(MappedFile {
+                start: m.start,
+                end: m.end,
+                file_offset: m.file_offset,
+                key: binary.table_key(),
+                path: binary.open_path(),
+            }),
+            MappingTarget::Special(_) => None,
+        });
+        Some(files.collect())
+    }
+
+    /// Unwind tables some known process still maps.
+    pub fn live_tables(&self) -> HashSet<TableKey> {
+        self.binaries.values().filter_map(Weak::upgrade).map(|b| b.table_key()).collect()
     }
 
     fn parse_mapping(&mut self, tgid: u32, line: &str) -> Option<Mapping> {
@@ -178,12 +216,14 @@ impl ProcessTable {
     }
 
     /// Marks processes that are gone, and forgets those that were already marked at the
-    /// previous sweep (one interval of grace for samples still in flight).
-    pub fn sweep(&mut self) {
+    /// previous sweep (one interval of grace for samples still in flight). Returns those.
+    pub fn sweep(&mut self) -> Vec<u32> {
+        let forgotten: Vec<u32> = self.processes.iter().filter(|(_, p)| p.exited).map(|(tgid, _)| *tgid).collect();
         self.processes.retain(|_, p| !p.exited);
         for (tgid, process) in self.processes.iter_mut() {
             process.exited = !fs::exists(format!("/proc/{tgid}")).unwrap_or(true);
         }
         self.binaries.retain(|_, b| b.strong_count() > 0);
+        forgotten
     }
 }

@@ -28,6 +28,7 @@ pub struct FileConfig {
     pub flamegraphs: Option<bool>,
     pub max_keys: Option<u32>,
     pub max_stacks: Option<u32>,
+    pub unwind_table_mib: Option<f64>,
     pub pids: Option<Vec<u32>>,
     pub cgroup: Option<String>,
     /// "cpu", "offcpu", "net".

@@ -32,6 +32,7 @@ const DEFAULT_RUN_FREQUENCY: u64 = 19;
 const DEFAULT_RECORD_FREQUENCY: u64 = 99;
 const DEFAULT_MAX_KEYS: u32 = 10_240;
 const DEFAULT_MAX_STACKS: u32 = 8_192;
+const DEFAULT_UNWIND_TABLE_MIB: f64 = 16.0;
 const DEFAULT_OFFCPU_MAX_THREADS: u32 = 65_536;
 const DEFAULT_INTERVAL: &str = "10s";
 /// A profile covers at least a second (a drain per few milliseconds would cost more than the
@@ -140,9 +141,16 @@ fn kernel_settings(args: &SamplingArgs, file: &FileConfig, default_frequency: u6
         net,
         max_keys: args.max_keys.or(file.max_keys).unwrap_or(DEFAULT_MAX_KEYS),
         max_stacks: args.max_stacks.or(file.max_stacks).unwrap_or(DEFAULT_MAX_STACKS),
+        unwind_rows: unwind_rows(args.unwind_table_mib.or(file.unwind_table_mib).unwrap_or(DEFAULT_UNWIND_TABLE_MIB))?,
         pids: if args.pids.is_empty() { file.pids.clone().unwrap_or_default() } else { args.pids.clone() },
         cgroup_id: cgroup.as_deref().map(cgroup_id).transpose()?,
     })
+}
+
+/// Rows of 8 bytes that fit in the unwind table budget.
+fn unwind_rows(mib: f64) -> Result<u32> {
+    ensure!((0.01..=4096.0).contains(&mib), "unwind_table_mib must be between 0.01 and 4096, not {mib}");
+    Ok((mib * 1024.0 * 1024.0 / size_of::<agent_common::UnwindRow>() as f64) as u32)
 }
 
 /// "category:name". Tracepoints this kernel lacks, or that Ember does not record, are

@@ -1,13 +1,18 @@
 //! Unwind tables: for each executable, the rules that find a caller's frame from any address
-//! in it, built from its call frame information (`table`), so that stacks through code
-//! without frame pointers can be walked. Depends on no other stage; `ember-agent unwind-table`
-//! prints them, and the kernel stage's walker will load them.
+//! in it, built from its call frame information (`table`), put in the kernel walker's compact
+//! form (`compact`) and loaded for the processes that map it (`loader`, in the `space` of a
+//! shared budget), so that stacks through code without frame pointers can be walked.
+//! `ember-agent unwind-table` prints them.
+mod compact;
+mod loader;
+mod space;
 mod table;
 
 use std::{fs::File, path::Path};
 
 use anyhow::{Context as _, Result};
 
+pub use loader::{MappedFile, TableKey, Unwinder};
 pub use table::{Rule, UnwindTable};
 
 /// Builds the table of the ELF file at `path`.

@@ -60,13 +60,29 @@ pub struct UnwindTable {
     pub rows: Vec<Row>,
     /// Which section the rows came from.
     pub source: &'static str,
+    /// The file's loadable segments: where a mapping of the file puts the rows' addresses.
+    pub segments: Vec<Segment>,
+}
+
+/// A loadable segment (PT_LOAD): `file_range` of the file is loaded at `address`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub address: u64,
+    pub file_range: (u64, u64),
 }
 
 impl UnwindTable {
     /// Builds the table of an ELF file's bytes.
     pub fn from_elf(data: &[u8]) -> Result<UnwindTable> {
-        use object::{Object as _, ObjectSection as _};
+        use object::{Object as _, ObjectSection as _, ObjectSegment as _};
         let file = object::File::parse(data).context("not an ELF file")?;
+        let segments = file
+            .segments()
+            .map(|s| {
+                let (offset, size) = s.file_range();
+                Segment { address: s.address(), file_range: (offset, offset + size) }
+            })
+            .collect();
         let section = |name: &str| file.section_by_name(name).and_then(|s| Some((s.address(), s.data().ok()?)));
         let plt: Vec<Range<u64>> = file
             .sections()
@@ -83,15 +99,15 @@ impl UnwindTable {
                 None => bases,
             };
             builder.add_section(&eh_frame, &bases).context("reading .eh_frame")?;
-            return Ok(UnwindTable { rows: builder.finish(), source: ".eh_frame" });
+            return Ok(UnwindTable { rows: builder.finish(), source: ".eh_frame", segments });
         }
         if let Some((_, bytes)) = section(".debug_frame") {
             let mut debug_frame = DebugFrame::new(bytes, LittleEndian);
             debug_frame.set_address_size(8);
             builder.add_section(&debug_frame, &BaseAddresses::default()).context("reading .debug_frame")?;
-            return Ok(UnwindTable { rows: builder.finish(), source: ".debug_frame" });
+            return Ok(UnwindTable { rows: builder.finish(), source: ".debug_frame", segments });
         }
-        Ok(UnwindTable { rows: Vec::new(), source: "none" })
+        Ok(UnwindTable { rows: Vec::new(), source: "none", segments })
     }
 }
 

@@ -1,0 +1,248 @@
+//! The user-stack walker, shared by every program that records a user stack. Each frame's
+//! caller is found from its executable's unwind table (rows built by userspace from the
+//! call frame information) or, where the code has no table, from its frame pointer. The walk
+//! is stored under a hash of its frames in the set's user stack map, so that a sample stays
+//! one map update.
+use core::ffi::c_void;
+
+use agent_common::{
+    counter, row_kind, stack_status, unwind_stop, ExecMapping, ProcessMappings, UnwindRow, UserStack, MAX_MAPPINGS,
+    MAX_USER_FRAMES,
+};
+use aya_ebpf::{
+    bindings::{pt_regs, BPF_F_MMAPABLE, BPF_NOEXIST},
+    helpers::{
+        bpf_probe_read_kernel, bpf_probe_read_user,
+        generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
+    },
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
+};
+
+use crate::{bump, BufferSet};
+
+/// Every loaded table's rows; userspace sizes it to the table memory budget and fills it
+/// through a shared mapping.
+#[map]
+static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+/// Every loaded process's executable mappings (with tables), sorted by address per process.
+/// Searched through map lookups, not by indexing one large value: the verifier then need not
+/// track every search path's index, which made it give up.
+#[map]
+static MAPPINGS: Array<ExecMapping> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+/// Per tgid, where its mappings are in MAPPINGS.
+#[map]
+static PROCESS_MAPPINGS: HashMap<u32, ProcessMappings> = HashMap::with_max_entries(16384, 0);
+/// The stack being walked on this CPU (too large for the BPF stack).
+#[map]
+static WALK: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
+
+/// Steps of the binary searches: enough for `MAX_MAPPINGS` and `MAX_TABLE_ROWS`.
+const MAPPING_STEPS: u32 = 11;
+const ROW_STEPS: u32 = 24;
+
+/// The walk's state between frames; `step` advances it by one frame.
+struct Walk {
+    pc: u64,
+    sp: u64,
+    bp: u64,
+    /// Empty when userspace has not loaded the process yet: frame pointers only.
+    mappings: ProcessMappings,
+    stack: *mut UserStack,
+    hash: u64,
+    check: u64,
+}
+
+/// The user stack of the current task, stored in the set's user stack map: its id there, or
+/// a negative `stack_status` (counted).
+#[inline(always)]
+pub fn user_stack_id(set: &BufferSet, tgid: u32) -> i32 {
+    let Some(regs) = user_regs() else { return stack_status::NONE };
+    let Some(stack) = WALK.get_ptr_mut(0) else { return stack_status::ERROR };
+    let mappings = match unsafe { PROCESS_MAPPINGS.get(&tgid) } {
+        Some(mappings) => *mappings,
+        None => {
+            bump(set.counters, counter::UNWIND_NO_PROCESS);
+            ProcessMappings::default()
+        }
+    };
+    unsafe {
+        (*stack).len = 0;
+        (*stack).stop = unwind_stop::DEPTH;
+    }
+    let mut walk = Walk {
+        pc: regs.rip,
+        sp: regs.rsp,
+        bp: regs.rbp,
+        mappings,
+        stack,
+        hash: 0xcbf2_9ce4_8422_2325,
+        check: 0x9e37_79b9_7f4a_7c15,
+    };
+    let walked = unsafe {
+        bpf_loop(MAX_USER_FRAMES as u32, step as *mut c_void, &mut walk as *mut Walk as *mut c_void, 0)
+    };
+    if walked < 0 {
+        bump(set.counters, counter::USER_STACK_ERROR);
+        return stack_status::ERROR;
+    }
+    let stack = unsafe { &mut *stack };
+    bump(set.counters, counter::UNWIND_STOPS + (stack.stop & 7));
+    let hash = mix(walk.hash, ((stack.stop as u64) << 32) | stack.len as u64);
+    stack.check = mix(walk.check, hash);
+    let id = ((hash ^ (hash >> 32)) & 0x7fff_ffff) as u32;
+    store(set, id, stack)
+}
+
+/// The process exited or exec'd: its mappings are no longer its own.
+#[inline(always)]
+pub fn forget_process(tgid: u32) {
+    let _ = PROCESS_MAPPINGS.remove(&tgid);
+}
+
+#[inline(always)]
+fn mix(hash: u64, value: u64) -> u64 {
+    (hash ^ value).wrapping_mul(0x0000_0100_0000_01b3)
+}
+
+/// Stores the walked stack under `id`, unless the same stack is there already.
+#[inline(always)]
+fn store(set: &BufferSet, id: u32, stack: &UserStack) -> i32 {
+    let same = |existing: *const UserStack| unsafe { (*existing).check == stack.check && (*existing).len == stack.len };
+    if let Some(existing) = set.user_stacks.get_ptr(&id) {
+        if same(existing) {
+            return id as i32;
+        }
+    } else if set.user_stacks.insert(&id, stack, BPF_NOEXIST as u64).is_ok() {
+        return id as i32;
+    } else if let Some(existing) = set.user_stacks.get_ptr(&id) {
+        // Another CPU stored a stack under this id first: the same one, or a collision.
+        if same(existing) {
+            return id as i32;
+        }
+    } else {
+        bump(set.counters, counter::USER_STACK_ERROR); // the map is full
+        return stack_status::ERROR;
+    }
+    bump(set.counters, counter::USER_STACK_COLLISION);
+    stack_status::COLLISION
+}
+
+/// The registers the task had when it last left user mode, or None for a kernel thread.
+#[inline(always)]
+fn user_regs() -> Option<pt_regs> {
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
+    let regs = unsafe { bpf_probe_read_kernel(regs) }.ok()?;
+    // The saved code segment's privilege level: 3 for user mode.
+    (regs.cs & 3 == 3).then_some(regs)
+}
+
+/// One frame: records the pc, then finds the caller's pc, sp and bp. Returns 1 to end the
+/// walk (with the reason in the stack), 0 to go on.
+extern "C" fn step(index: u64, context: *mut c_void) -> i64 {
+    let walk = unsafe { &mut *(context as *mut Walk) };
+    let stack = unsafe { &mut *walk.stack };
+    let Some(slot) = stack.frames.get_mut(stack.len as usize) else { return 1 };
+    *slot = walk.pc;
+    stack.len += 1;
+    walk.hash = mix(walk.hash, walk.pc);
+    walk.check = mix(walk.check.rotate_left(23), walk.pc);
+    // A return address points after its call, which may be the last instruction of the
+    // function: its rule is the one of the address before.
+    let pc = if index == 0 { walk.pc } else { walk.pc.wrapping_sub(1) };
+    let (cfa, bp) = match caller_frame(walk, pc) {
+        Ok(frame) => frame,
+        Err(stop) => {
+            stack.stop = stop;
+            return 1;
+        }
+    };
+    // The caller's frame lies above the callee's: anything else is not a stack.
+    if cfa <= walk.sp {
+        stack.stop = unwind_stop::BAD_FRAME;
+        return 1;
+    }
+    let Ok(ra) = (unsafe { bpf_probe_read_user((cfa - 8) as *const u64) }) else {
+        stack.stop = unwind_stop::READ_FAULT;
+        return 1;
+    };
+    if ra == 0 {
+        stack.stop = unwind_stop::END; // a thread's first frame has no return address
+        return 1;
+    }
+    (walk.pc, walk.sp, walk.bp) = (ra, cfa, bp);
+    0
+}
+
+/// The caller's CFA and rbp, from the row that covers `pc` or from the frame pointer.
+#[inline(always)]
+fn caller_frame(walk: &Walk, pc: u64) -> Result<(u64, u64), u32> {
+    let Some(mapping) = find_mapping(&walk.mappings, pc).filter(|m| m.rows != 0) else {
+        // No table (JIT code, a binary left out of the budget, a process not loaded yet):
+        // the frame pointer, where a zero rbp marks the outermost frame.
+        if walk.bp == 0 {
+            return Err(unwind_stop::END);
+        }
+        let saved_bp = unsafe { bpf_probe_read_user(walk.bp as *const u64) }.map_err(|_| unwind_stop::READ_FAULT)?;
+        return Ok((walk.bp + 16, saved_bp));
+    };
+    let relative = pc.wrapping_sub(mapping.bias);
+    if relative > u32::MAX as u64 {
+        return Err(unwind_stop::NO_INFO);
+    }
+    let row = find_row(mapping.first_row, mapping.rows, relative as u32).ok_or(unwind_stop::NO_INFO)?;
+    let cfa = match row.kind {
+        row_kind::CFA_RSP => walk.sp + row.cfa_offset as u64,
+        row_kind::CFA_RBP => walk.bp + row.cfa_offset as u64,
+        row_kind::OUTERMOST => return Err(unwind_stop::END),
+        row_kind::PLT => return Err(unwind_stop::PLT),
+        row_kind::SIGNAL => return Err(unwind_stop::SIGNAL),
+        row_kind::NO_INFO => return Err(unwind_stop::NO_INFO),
+        _ => return Err(unwind_stop::UNSUPPORTED),
+    };
+    if row.rbp_offset == 0 {
+        return Ok((cfa, walk.bp));
+    }
+    let at = cfa.wrapping_add((row.rbp_offset as i64 * 8) as u64);
+    let saved_bp = unsafe { bpf_probe_read_user(at as *const u64) }.map_err(|_| unwind_stop::READ_FAULT)?;
+    Ok((cfa, saved_bp))
+}
+
+/// The process's mapping that contains `pc`.
+#[inline(always)]
+fn find_mapping(mappings: &ProcessMappings, pc: u64) -> Option<ExecMapping> {
+    let last = search(mappings.count.min(MAX_MAPPINGS), MAPPING_STEPS, |i| {
+        Some(MAPPINGS.get(mappings.first + i)?.start)
+    }, pc)?;
+    let mapping = *MAPPINGS.get(mappings.first + last)?;
+    (mapping.start <= pc && pc < mapping.end).then_some(mapping)
+}
+
+/// The last of a table's rows that starts at or before `pc`.
+#[inline(always)]
+fn find_row(first: u32, rows: u32, pc: u32) -> Option<UnwindRow> {
+    let last = search(rows, ROW_STEPS, |i| Some(UNWIND_ROWS.get(first + i)?.pc as u64), pc as u64)?;
+    let row = *UNWIND_ROWS.get(first + last)?;
+    (row.pc <= pc).then_some(row)
+}
+
+/// Binary search of `len` sorted keys (`key(i)`, below 2^63) for the last one at or before
+/// `target`; its index (if any key is at or before it, which the caller checks). The step
+/// is computed, not branched on: the verifier then follows one path per step, not two per
+/// step (2^steps in all, which it refuses).
+#[inline(always)]
+fn search(len: u32, steps: u32, key: impl Fn(u32) -> Option<u64>, target: u64) -> Option<u32> {
+    let (mut base, mut left) = (0u32, len);
+    for _ in 0..steps {
+        if left <= 1 {
+            break;
+        }
+        let half = left / 2;
+        // 1 when the key is after the target, else 0 (keys and target are below 2^63).
+        // black_box keeps the compiler from turning this back into a branch.
+        let after = core::hint::black_box(target).wrapping_sub(key(base + half)?) >> 63;
+        base += half & (after as u32).wrapping_sub(1);
+        left -= half;
+    }
+    (len > 0).then_some(base)
+}

@@ -1,0 +1,98 @@
+//! The walker's inputs in the kernel: the array every loaded unwind table's rows live in, the
+//! array of processes' executable mappings, and where each process's mappings are. The
+//! unwind stage decides what goes where; this only writes. Both arrays are written through a
+//! shared mapping (one copy, not one syscall per entry).
+use std::os::fd::{AsFd as _, AsRawFd as _};
+
+use agent_common::{ExecMapping, ProcessMappings, UnwindRow};
+use anyhow::{bail, Context as _, Result};
+use aya::{
+    maps::{Array, HashMap as BpfHashMap, IterableMap as _, MapData},
+    Pod,
+};
+
+pub struct UnwindMaps {
+    rows: Array<MapData, UnwindRow>,
+    mappings: Array<MapData, ExecMapping>,
+    processes: BpfHashMap<MapData, u32, ProcessMappings>,
+}
+
+impl UnwindMaps {
+    pub(super) fn new(
+        rows: Array<MapData, UnwindRow>,
+        mappings: Array<MapData, ExecMapping>,
+        processes: BpfHashMap<MapData, u32, ProcessMappings>,
+    ) -> UnwindMaps {
+        UnwindMaps { rows, mappings, processes }
+    }
+
+    /// Rows the row array holds (the table memory budget).
+    pub fn row_capacity(&self) -> u32 {
+        self.rows.len()
+    }
+
+    pub fn mapping_capacity(&self) -> u32 {
+        self.mappings.len()
+    }
+
+    /// Writes `rows` from index `first`. Programs must not read these indices yet (the caller
+    /// publishes them afterwards, with a process's mappings).
+    pub fn write_rows(&mut self, first: u32, rows: &[UnwindRow]) -> Result<()> {
+        write(&self.rows, first, rows).context("writing unwind rows")
+    }
+
+    /// Writes a process's mappings from index `first`, then points the process at them.
+    pub fn set_process(&mut self, tgid: u32, first: u32, mappings: &[ExecMapping]) -> Result<()> {
+        write(&self.mappings, first, mappings).context("writing process mappings")?;
+        let entry = ProcessMappings { first, count: mappings.len() as u32 };
+        self.processes.insert(tgid, entry, 0).with_context(|| format!("loading the mappings of process {tgid}"))
+    }
+
+    /// Forgets a process (the kernel also does when it exits; a miss is fine).
+    pub fn remove_process(&mut self, tgid: u32) {
+        let _ = self.processes.remove(&tgid);
+    }
+}
+
+/// Copies `items` into a BPF_F_MMAPABLE array from index `first`.
+fn write<T: Pod>(array: &Array<MapData, T>, first: u32, items: &[T]) -> Result<()> {
+    let size = size_of::<T>();
+    if first as usize + items.len() > array.len() as usize {
+        bail!("entries {first}+{} are beyond the array's {}", items.len(), array.len());
+    }
+    if items.is_empty() {
+        return Ok(());
+    }
+    let page = page_size();
+    let start = first as usize * size;
+    let window_start = start / page * page;
+    let window_len = (start + items.len() * size - window_start).div_ceil(page) * page;
+    let fd = array.map().fd().as_fd().as_raw_fd();
+    // SAFETY: a shared mapping of the array's pages (BPF_F_MMAPABLE), inside the array,
+    // unmapped below; nothing else in this process maps them.
+    let window = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            window_len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            window_start as libc::off_t,
+        )
+    };
+    if window == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error()).context("mapping the array");
+    }
+    // SAFETY: the destination lies within the window just mapped (checked above), and T is
+    // plain data.
+    unsafe {
+        std::ptr::copy_nonoverlapping(items.as_ptr().cast::<u8>(), window.cast::<u8>().add(start - window_start), items.len() * size);
+        libc::munmap(window, window_len);
+    }
+    Ok(())
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}

@@ -1,0 +1,65 @@
+//! The walker's form of a table: 8-byte rows (`agent_common::UnwindRow`) with addresses
+//! relative to the table's first row. Rules that do not fit the compact form (offsets beyond
+//! 16 bits, rbp saved off an 8-byte slot) become `UNSUPPORTED` rows: a walk stops there
+//! rather than follow a wrong caller.
+use agent_common::{row_kind, UnwindRow, MAX_TABLE_ROWS};
+use anyhow::{ensure, Result};
+
+use super::table::{Rule, Segment, UnwindTable};
+
+pub struct CompactTable {
+    /// Address of the first row: `UnwindRow::pc` is relative to it.
+    pub base: u64,
+    pub rows: Vec<UnwindRow>,
+    pub segments: Vec<Segment>,
+}
+
+impl CompactTable {
+    pub fn of(table: UnwindTable) -> Result<CompactTable> {
+        let base = table.rows.first().map_or(0, |row| row.address);
+        let span = table.rows.last().map_or(0, |row| row.address - base);
+        ensure!(span <= u32::MAX as u64, "its code spans {span} bytes, beyond the walker's 4 GiB");
+        let mut rows: Vec<UnwindRow> = Vec::with_capacity(table.rows.len());
+        for row in &table.rows {
+            let compact = UnwindRow { pc: (row.address - base) as u32, ..compact_rule(row.rule) };
+            // Rules that differed may be alike now (two kinds of unsupported).
+            if rows.last().is_none_or(|last| UnwindRow { pc: last.pc, ..compact } != *last) {
+                rows.push(compact);
+            }
+        }
+        ensure!(rows.len() <= MAX_TABLE_ROWS as usize, "{} rows, beyond the walker's {MAX_TABLE_ROWS}", rows.len());
+        Ok(CompactTable { base, rows, segments: table.segments })
+    }
+
+    /// What to subtract from an address in a mapping of the file (starting at `start`, from
+    /// `file_offset`) to get a row address; None if no segment is loaded from there.
+    pub fn bias(&self, start: u64, file_offset: u64) -> Option<u64> {
+        const PAGE: u64 = 4096;
+        let segment = self
+            .segments
+            .iter()
+            .find(|s| s.file_range.0 / PAGE * PAGE <= file_offset && file_offset < s.file_range.1)?;
+        // address in file terms = pc - start + file_offset - segment offset + segment address
+        Some(start.wrapping_sub(file_offset).wrapping_add(segment.file_range.0).wrapping_sub(segment.address).wrapping_add(self.base))
+    }
+}
+
+fn compact_rule(rule: Rule) -> UnwindRow {
+    let kind = |kind| UnwindRow { kind, ..Default::default() };
+    match rule {
+        Rule::Frame { cfa_is_rbp, cfa_offset, rbp_offset } => {
+            let (Ok(cfa_offset), true, Ok(rbp_offset)) =
+                (u16::try_from(cfa_offset), rbp_offset % 8 == 0, i8::try_from(rbp_offset / 8))
+            else {
+                return kind(row_kind::UNSUPPORTED);
+            };
+            let kind = if cfa_is_rbp { row_kind::CFA_RBP } else { row_kind::CFA_RSP };
+            UnwindRow { pc: 0, cfa_offset, kind, rbp_offset }
+        }
+        Rule::Outermost => kind(row_kind::OUTERMOST),
+        Rule::Plt => kind(row_kind::PLT),
+        Rule::Signal => kind(row_kind::SIGNAL),
+        Rule::NoInfo => kind(row_kind::NO_INFO),
+        Rule::Unsupported(_) => kind(row_kind::UNSUPPORTED),
+    }
+}

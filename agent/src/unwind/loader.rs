@@ -1,0 +1,146 @@
+//! Loads unwind tables into the kernel for the processes the resolve stage captures. A table
+//! is built once per executable (by build id, else by device and inode), whatever number of
+//! processes map it, and freed when none does. Tables share a fixed row budget: a table that
+//! does not fit is left out, and its code is walked by frame pointers (counted in metrics).
+use std::{collections::HashMap, path::PathBuf, time::Instant};
+
+use agent_common::{ExecMapping, MAX_MAPPINGS};
+use anyhow::{Context as _, Result};
+
+use super::{compact::CompactTable, space::Space, table_of_file};
+use crate::{kernel::UnwindMaps, ops::metrics};
+
+/// What identifies an executable's table across processes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum TableKey {
+    BuildId(String),
+    /// (device, inode), for files without a build id.
+    File(u64, u64),
+}
+
+/// A file-backed executable mapping of a process.
+pub struct MappedFile {
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+    pub key: TableKey,
+    /// A path that opens the mapped file from the agent.
+    pub path: PathBuf,
+}
+
+enum Table {
+    Loaded { first_row: u32, table: CompactTable },
+    /// Walked by frame pointers: the file has no usable table, or it did not fit the budget.
+    FramePointers { over_budget: bool },
+}
+
+pub struct Unwinder {
+    maps: UnwindMaps,
+    rows: Space,
+    tables: HashMap<TableKey, Table>,
+    /// Slots of the mapping array, and which each loaded process holds (first, count).
+    slots: Space,
+    processes: HashMap<u32, (u32, u32)>,
+}
+
+impl Unwinder {
+    pub fn new(maps: UnwindMaps) -> Unwinder {
+        metrics::set("ember_unwind_rows_capacity", &[], maps.row_capacity() as f64);
+        Unwinder {
+            rows: Space::new(maps.row_capacity()),
+            slots: Space::new(maps.mapping_capacity()),
+            maps,
+            tables: HashMap::new(),
+            processes: HashMap::new(),
+        }
+    }
+
+    /// Tells the walker where `tgid`'s code is and how to unwind it, building and loading the
+    /// tables of files it maps that are not loaded yet. `files` are sorted by address.
+    pub fn load_process(&mut self, tgid: u32, files: &[MappedFile]) -> Result<()> {
+        let mut mappings = Vec::new();
+        for file in files {
+            let Table::Loaded { first_row, table } = self.table(file) else { continue };
+            let Some(bias) = table.bias(file.start, file.file_offset) else { continue };
+            mappings.push(ExecMapping { start: file.start, end: file.end, bias, first_row: *first_row, rows: table.rows.len() as u32 });
+        }
+        if mappings.len() > MAX_MAPPINGS as usize {
+            metrics::add("ember_unwind_mappings_dropped_total", &[], (mappings.len() - MAX_MAPPINGS as usize) as f64);
+            tracing::warn!(tgid, "more than {MAX_MAPPINGS} executable mappings: the rest are walked by frame pointers");
+            mappings.truncate(MAX_MAPPINGS as usize);
+        }
+        let count = mappings.len() as u32;
+        let first = if count == 0 { 0 } else { self.slots.take(count).context("the mapping array is full")? };
+        self.maps.set_process(tgid, first, &mappings)?;
+        // A process loaded before (exec, dlopen) gives its old slots back.
+        let old = if count == 0 { self.processes.remove(&tgid) } else { self.processes.insert(tgid, (first, count)) };
+        if let Some((first, count)) = old {
+            self.slots.give_back(first, count);
+        }
+        Ok(())
+    }
+
+    pub fn forget_process(&mut self, tgid: u32) {
+        self.maps.remove_process(tgid);
+        if let Some((first, count)) = self.processes.remove(&tgid) {
+            self.slots.give_back(first, count);
+        }
+    }
+
+    /// Frees the tables of executables no process maps any more. Call once per interval,
+    /// after the drain and after forgetting exited processes.
+    pub fn retain(&mut self, live: impl Fn(&TableKey) -> bool) {
+        self.rows.release();
+        self.slots.release();
+        let rows = &mut self.rows;
+        self.tables.retain(|key, table| {
+            let keep = live(key);
+            if let (false, Table::Loaded { first_row, table }) = (keep, &table) {
+                rows.give_back(*first_row, table.rows.len() as u32);
+            }
+            keep
+        });
+        self.publish();
+    }
+
+    /// The file's table, built and loaded on first use.
+    fn table(&mut self, file: &MappedFile) -> &Table {
+        if !self.tables.contains_key(&file.key) {
+            let table = self.build(file);
+            self.tables.insert(file.key.clone(), table);
+            self.publish();
+        }
+        &self.tables[&file.key]
+    }
+
+    fn build(&mut self, file: &MappedFile) -> Table {
+        let started = Instant::now();
+        let table = match table_of_file(&file.path).and_then(CompactTable::of) {
+            Ok(table) if !table.rows.is_empty() => table,
+            Ok(_) => return Table::FramePointers { over_budget: false },
+            Err(e) => {
+                tracing::debug!(path = %file.path.display(), "no unwind table: {e:#}");
+                return Table::FramePointers { over_budget: false };
+            }
+        };
+        metrics::add("ember_unwind_build_seconds_total", &[], started.elapsed().as_secs_f64());
+        let Some(first_row) = self.rows.take(table.rows.len() as u32) else {
+            tracing::warn!(path = %file.path.display(), rows = table.rows.len(), "unwind table budget exhausted: walked by frame pointers (raise unwind_table_mib)");
+            return Table::FramePointers { over_budget: true };
+        };
+        if let Err(e) = self.maps.write_rows(first_row, &table.rows) {
+            tracing::warn!(path = %file.path.display(), "loading an unwind table failed: {e:#}");
+            self.rows.give_back(first_row, table.rows.len() as u32);
+            return Table::FramePointers { over_budget: false };
+        }
+        Table::Loaded { first_row, table }
+    }
+
+    fn publish(&self) {
+        let loaded = self.tables.values().filter(|t| matches!(t, Table::Loaded { .. })).count();
+        let over_budget = self.tables.values().filter(|t| matches!(t, Table::FramePointers { over_budget: true })).count();
+        metrics::set("ember_unwind_tables", &[], loaded as f64);
+        metrics::set("ember_unwind_over_budget", &[], over_budget as f64);
+        metrics::set("ember_unwind_rows_used", &[], self.rows.used() as f64);
+    }
+}
