@@ -173,18 +173,16 @@ pub mod unwind_stop {
     pub const NO_INFO: u32 = 3;
     /// The row's rule is beyond the walker (a DWARF expression, another register).
     pub const UNSUPPORTED: u32 = 4;
-    /// A PLT stub, whose frame depends on the instruction within it.
-    pub const PLT: u32 = 5;
     /// A signal handler's trampoline: the caller's registers are in a signal frame.
-    pub const SIGNAL: u32 = 6;
+    pub const SIGNAL: u32 = 5;
     /// The caller's frame would not be above the callee's: a corrupt stack, or a frame
     /// pointer that is not one.
-    pub const BAD_FRAME: u32 = 7;
-    pub const COUNT: u32 = 8;
+    pub const BAD_FRAME: u32 = 6;
+    pub const COUNT: u32 = 7;
 
     /// Each reason's name, as counters and markers show it.
     pub const NAMES: [&str; COUNT as usize] =
-        ["end", "depth", "read_fault", "no_info", "unsupported", "plt", "signal", "bad_frame"];
+        ["end", "depth", "read_fault", "no_info", "unsupported", "signal", "bad_frame"];
 }
 
 /// One row of an unwind table in the kernel: from `pc` (relative to the table's base) up to
@@ -201,12 +199,14 @@ pub struct UnwindRow {
     pub rbp_offset: i8,
 }
 
-/// What a row says; all but the first two end the walk with the `unwind_stop` of that name.
+/// What a row says; the first three find the caller, the rest end the walk with the
+/// `unwind_stop` of that name.
 pub mod row_kind {
     pub const CFA_RSP: u8 = 0;
     pub const CFA_RBP: u8 = 1;
-    pub const OUTERMOST: u8 = 2;
-    pub const PLT: u8 = 3;
+    /// A PLT entry: CFA = rsp + 8, + 8 from byte `cfa_offset` of its 16-byte entry on.
+    pub const PLT: u8 = 2;
+    pub const OUTERMOST: u8 = 3;
     pub const SIGNAL: u8 = 4;
     pub const NO_INFO: u8 = 5;
     pub const UNSUPPORTED: u8 = 6;
@@ -302,9 +302,8 @@ pub mod counter {
         (UNWIND_STOPS + 2, "unwind_stop_read_fault"),
         (UNWIND_STOPS + 3, "unwind_stop_no_info"),
         (UNWIND_STOPS + 4, "unwind_stop_unsupported"),
-        (UNWIND_STOPS + 5, "unwind_stop_plt"),
-        (UNWIND_STOPS + 6, "unwind_stop_signal"),
-        (UNWIND_STOPS + 7, "unwind_stop_bad_frame"),
+        (UNWIND_STOPS + 5, "unwind_stop_signal"),
+        (UNWIND_STOPS + 6, "unwind_stop_bad_frame"),
     ];
 }
 

@@ -87,7 +87,7 @@ pub fn user_stack_id(set: &BufferSet, tgid: u32) -> i32 {
         return stack_status::ERROR;
     }
     let stack = unsafe { &mut *stack };
-    bump(set.counters, counter::UNWIND_STOPS + (stack.stop & 7));
+    bump(set.counters, counter::UNWIND_STOPS + stack.stop.min(unwind_stop::COUNT - 1));
     let hash = mix(walk.hash, ((stack.stop as u64) << 32) | stack.len as u64);
     stack.check = mix(walk.check, hash);
     let id = ((hash ^ (hash >> 32)) & 0x7fff_ffff) as u32;
@@ -194,8 +194,9 @@ fn caller_frame(walk: &Walk, pc: u64) -> Result<(u64, u64), u32> {
     let cfa = match row.kind {
         row_kind::CFA_RSP => walk.sp + row.cfa_offset as u64,
         row_kind::CFA_RBP => walk.bp + row.cfa_offset as u64,
+        // Only ever a leaf (a stub calls nothing), so `pc` is the exact instruction.
+        row_kind::PLT => walk.sp + if pc & 15 >= row.cfa_offset as u64 { 16 } else { 8 },
         row_kind::OUTERMOST => return Err(unwind_stop::END),
-        row_kind::PLT => return Err(unwind_stop::PLT),
         row_kind::SIGNAL => return Err(unwind_stop::SIGNAL),
         row_kind::NO_INFO => return Err(unwind_stop::NO_INFO),
         _ => return Err(unwind_stop::UNSUPPORTED),

@@ -42,7 +42,7 @@ fn kind(rule: Rule) -> &'static str {
     match rule {
         Rule::Frame { .. } => "frame",
         Rule::Outermost => "outermost",
-        Rule::Plt => "plt",
+        Rule::Plt { .. } => "plt",
         Rule::Signal => "signal",
         Rule::NoInfo => "no-info",
         Rule::Unsupported(_) => "unsupported",

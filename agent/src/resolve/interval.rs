@@ -42,7 +42,6 @@ impl Marker {
                 unwind_stop::READ_FAULT => "[truncated: stack unreadable]",
                 unwind_stop::NO_INFO => "[truncated: no unwind info]",
                 unwind_stop::UNSUPPORTED => "[truncated: unsupported unwind rule]",
-                unwind_stop::PLT => "[truncated: in a PLT stub]",
                 unwind_stop::SIGNAL => "[truncated: signal frame]",
                 unwind_stop::BAD_FRAME => "[truncated: bad frame]",
                 _ => "[truncated]",

@@ -44,7 +44,7 @@ impl Resolver {
         } else {
             DropReasons::new()
         };
-        Ok(Resolver {
+        let mut resolver = Resolver {
             sampler,
             announcements,
             processes: ProcessTable::default(),
@@ -52,7 +52,14 @@ impl Resolver {
             targets,
             drop_reasons,
             capacity: (settings.max_keys, settings.max_stacks),
-        })
+        };
+        // Processes chosen by pid are loaded now, so that their first samples already have
+        // complete stacks (others are loaded when first sampled).
+        for &pid in &settings.pids {
+            resolver.processes.capture(pid);
+        }
+        resolver.load_unwind_tables();
+        Ok(resolver)
     }
 
     /// Waits for the kernel to announce new processes and captures them. Loop on it.

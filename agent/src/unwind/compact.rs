@@ -57,7 +57,7 @@ fn compact_rule(rule: Rule) -> UnwindRow {
             UnwindRow { pc: 0, cfa_offset, kind, rbp_offset }
         }
         Rule::Outermost => kind(row_kind::OUTERMOST),
-        Rule::Plt => kind(row_kind::PLT),
+        Rule::Plt { threshold } => UnwindRow { cfa_offset: threshold.into(), ..kind(row_kind::PLT) },
         Rule::Signal => kind(row_kind::SIGNAL),
         Rule::NoInfo => kind(row_kind::NO_INFO),
         Rule::Unsupported(_) => kind(row_kind::UNSUPPORTED),

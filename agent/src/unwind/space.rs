@@ -66,7 +66,7 @@ mod tests {
         space.give_back(b, 30);
         assert_eq!(space.take(20), None, "held back until release");
         space.release();
-        assert_eq!(space.used(), 40);
+        assert_eq!(space.used(), 30);
         assert_eq!(space.take(60), Some(0), "the two freed ranges merged");
         space.give_back(c, 30);
         space.release();

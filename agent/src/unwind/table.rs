@@ -24,8 +24,9 @@ pub enum Rule {
     Frame { cfa_is_rbp: bool, cfa_offset: i64, rbp_offset: i64 },
     /// The return address is undefined: the outermost frame (`_start`, a thread's start).
     Outermost,
-    /// A PLT stub, whose CFA depends on the instruction within the stub.
-    Plt,
+    /// A PLT stub with the linkers' usual rule: CFA = rsp + 8, plus 8 more from the
+    /// `threshold`th byte of each 16-byte entry on (after its `push`).
+    Plt { threshold: u8 },
     /// A signal trampoline: the caller's registers are in a signal frame on the stack.
     Signal,
     /// No call frame information covers this address.
@@ -64,7 +65,8 @@ pub struct UnwindTable {
     pub segments: Vec<Segment>,
 }
 
-/// A loadable segment (PT_LOAD): `file_range` of the file is loaded at `address`.
+/// An executable loadable segment (PT_LOAD with PF_X): `file_range` of the file is loaded at
+/// `address`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Segment {
     pub address: u64,
@@ -76,8 +78,12 @@ impl UnwindTable {
     pub fn from_elf(data: &[u8]) -> Result<UnwindTable> {
         use object::{Object as _, ObjectSection as _, ObjectSegment as _};
         let file = object::File::parse(data).context("not an ELF file")?;
+        // Only code is walked. (A read-only segment may share the code's first page, and with
+        // it the file offset of the code's mapping.)
+        let executable = |s: &object::Segment| matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
         let segments = file
             .segments()
+            .filter(executable)
             .map(|s| {
                 let (offset, size) = s.file_range();
                 Segment { address: s.address(), file_range: (offset, offset + size) }
@@ -135,13 +141,12 @@ impl Builder {
             let signal = fde.is_signal_trampoline();
             let mut table = fde.rows(section, bases, &mut context)?;
             while let Some(row) = table.next_row()? {
-                let rule = if signal {
-                    Rule::Signal
-                } else {
-                    match rule_of(row) {
-                        Rule::Unsupported(Unsupported::CfaExpression) if in_plt => Rule::Plt,
-                        rule => rule,
+                let rule = match (signal, row.cfa()) {
+                    (true, _) => Rule::Signal,
+                    (false, CfaRule::Expression(expression)) if in_plt => {
+                        plt_threshold(expression.get(section)?.0.slice()).map_or(Rule::Unsupported(Unsupported::CfaExpression), |threshold| Rule::Plt { threshold })
                     }
+                    (false, _) => rule_of(row),
                 };
                 self.rows.push(Row { address: row.start_address(), rule });
             }
@@ -165,6 +170,17 @@ impl Builder {
         }
         rows.dedup_by(|next, previous| next.rule == previous.rule);
         rows
+    }
+}
+
+/// The threshold of the PLT's usual CFA expression, `rsp + 8 + ((rip & 15) >= N) << 3`
+/// (DW_OP_breg7 8; DW_OP_breg16 0; DW_OP_lit15; DW_OP_and; DW_OP_litN; DW_OP_ge; DW_OP_lit3;
+/// DW_OP_shl; DW_OP_plus), or None for any other expression.
+fn plt_threshold(expression: &[u8]) -> Option<u8> {
+    const LIT0: u8 = 0x30;
+    match expression {
+        [0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, lit, 0x2a, 0x33, 0x24, 0x22] if (LIT0..=LIT0 + 15).contains(lit) => Some(lit - LIT0),
+        _ => None,
     }
 }
 

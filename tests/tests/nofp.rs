@@ -1,0 +1,204 @@
+//! Complete stacks without frame pointers. Fixtures: C built at -O2 -fomit-frame-pointer that
+//! spends known shares of its CPU time in phases calling through Debian's libc (a qsort
+//! comparator, bsearch), a shared library built the same way and recursion 100 deep, as a PIE
+//! and a non-PIE executable; and a Rust release binary without frame pointers. Ember and
+//! `perf record --call-graph dwarf` profile them at the same time; Ember's stacks must reach
+//! `main` at least as often (to 1%) as perf's, and split the time as the fixture measured it.
+//! Off-CPU (usleep) and network (sendto) stacks through libc must be complete too.
+//! Needs root, gcc, rustc and perf.
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use ember_tests::{kind_path, record_fixtures, require_root, Decoded, Fixture, Sample, TempDir};
+
+const SOURCES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/nofp");
+const SECONDS: f64 = 6.0;
+/// Phases of `phases.c`, in the order it prints their CPU time.
+const PHASES: [&str; 5] = ["phase_qsort", "phase_bsearch", "phase_spin", "phase_library", "phase_recursion"];
+
+struct Fixtures {
+    pie: PathBuf,
+    no_pie: PathBuf,
+    rust: PathBuf,
+}
+
+fn run(command: &mut Command) {
+    let out = command.output().unwrap_or_else(|e| panic!("running {command:?}: {e}"));
+    assert!(out.status.success(), "{command:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn build(dir: &TempDir) -> Fixtures {
+    let source = |name: &str| Path::new(SOURCES).join(name);
+    let library = dir.path("libphases.so");
+    let nofp = ["-O2", "-fomit-frame-pointer"];
+    run(Command::new("gcc").args(nofp).args(["-fPIC", "-shared", "-o"]).arg(&library).arg(source("library.c")));
+    let rpath = format!("-Wl,-rpath,{}", dir.path("").display());
+    let (pie, no_pie) = (dir.path("phases"), dir.path("phases-no-pie"));
+    for (out, flag) in [(&pie, "-pie"), (&no_pie, "-no-pie")] {
+        run(Command::new("gcc").args(nofp).arg(flag).arg("-o").arg(out).arg(source("phases.c")).arg(&library).arg(&rpath));
+    }
+    let rust = dir.path("rust_phases");
+    run(Command::new("rustc")
+        .args(["-C", "opt-level=3", "-C", "force-frame-pointers=no", "-o"])
+        .arg(&rust)
+        .arg(source("rust_phases.rs")));
+    Fixtures { pie, no_pie, rust }
+}
+
+/// `perf record --call-graph dwarf` attached to `pids` until they exit.
+fn perf_dwarf(pids: &[u32], out: &Path) -> Child {
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    let child = Command::new("perf")
+        .args(["record", "--call-graph", "dwarf", "-F", "499", "-q", "-o"])
+        .arg(out)
+        .args(["-p", &pids.join(",")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting perf record");
+    // perf attaches within a few hundred milliseconds; the fixtures wait for their start.
+    std::thread::sleep(Duration::from_secs(2));
+    child
+}
+
+/// perf's stacks by pid: function names, leaf first.
+fn perf_stacks(data: &Path) -> Vec<(u32, Vec<String>)> {
+    let out = Command::new("perf").args(["script", "-F", "pid,ip,sym", "-i"]).arg(data).output().expect("running perf script");
+    assert!(out.status.success(), "perf script: {}", String::from_utf8_lossy(&out.stderr));
+    let mut stacks = Vec::new();
+    for block in String::from_utf8_lossy(&out.stdout).split("\n\n") {
+        let mut lines = block.lines().filter(|l| !l.trim().is_empty());
+        let Some(pid) = lines.next().and_then(|l| l.trim().parse().ok()) else { continue };
+        let frames = lines.filter_map(|l| l.split_whitespace().nth(1).map(str::to_string)).collect();
+        stacks.push((pid, frames));
+    }
+    stacks
+}
+
+fn wait_or_stop(mut perf: Child) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while perf.try_wait().expect("waiting for perf").is_none() {
+        if Instant::now() > deadline {
+            unsafe { libc::kill(perf.id() as i32, libc::SIGINT) };
+            perf.wait().expect("waiting for perf");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn reaches(frames: &[String], main: &str) -> bool {
+    frames.iter().any(|f| f == main)
+}
+
+fn names(sample: &Sample) -> Vec<String> {
+    sample.frames.iter().map(|f| f.function.clone()).collect()
+}
+
+/// The share of `stacks` that reach `main`.
+fn share_reaching<'a>(stacks: impl Iterator<Item = &'a Vec<String>>, main: &str) -> (f64, usize) {
+    let (mut all, mut reached) = (0, 0);
+    for frames in stacks {
+        all += 1;
+        reached += usize::from(reaches(frames, main));
+    }
+    (reached as f64 / all.max(1) as f64, all)
+}
+
+/// Sample counts weighted (a pprof sample may stand for several).
+fn weighted(samples: &[&Sample], keep: impl Fn(&[String]) -> bool) -> (i64, i64) {
+    let total = Decoded::total(samples);
+    let kept: i64 = samples.iter().filter(|s| keep(&names(s))).map(|s| s.values[0]).sum();
+    (kept, total)
+}
+
+fn has_prefix(frames: &[String], prefix: &str) -> bool {
+    frames.iter().any(|f| f.starts_with(prefix))
+}
+
+#[test]
+fn stacks_without_frame_pointers_are_complete_and_split_time_truthfully() {
+    require_root();
+    let dir = TempDir::new("nofp");
+    let built = build(&dir);
+    let fixtures = vec![
+        Fixture::spawn(built.pie.to_str().unwrap(), "phases", SECONDS),
+        Fixture::spawn(built.no_pie.to_str().unwrap(), "phases", SECONDS),
+        Fixture::spawn(built.rust.to_str().unwrap(), "phases", SECONDS),
+    ];
+    let pids: Vec<u32> = fixtures.iter().map(Fixture::pid).collect();
+    let perf_data = dir.path("perf.data");
+    let perf = perf_dwarf(&pids, &perf_data);
+    let mut args = vec!["--events", "cpu,offcpu,net", "--net-events", "net:net_dev_queue", "-F", "999"];
+    let pid_args: Vec<String> = pids.iter().map(u32::to_string).collect();
+    for pid in &pid_args {
+        args.extend(["--pid", pid.as_str()]);
+    }
+    let (out, runs) = record_fixtures(&dir, fixtures, SECONDS, &args);
+    wait_or_stop(perf);
+    let perf = perf_stacks(&perf_data);
+    let cpu = Decoded::read(&kind_path(&out, "cpu"));
+
+    // Complete stacks: as often as perf's DWARF unwinding, per fixture.
+    for (pid, main) in [(pids[0], "main"), (pids[1], "main"), (pids[2], "rust_phases::main")] {
+        let samples = cpu.samples_of(pid);
+        let (reached, total) = weighted(&samples, |frames| reaches(frames, main));
+        let ember = reached as f64 / total.max(1) as f64;
+        for sample in samples.iter().filter(|s| !reaches(&names(s), main)).take(5) {
+            println!("pid {pid}, incomplete: {:?}", names(sample));
+        }
+        let (perf_share, perf_samples) = share_reaching(perf.iter().filter(|(p, _)| *p == pid).map(|(_, f)| f), main);
+        println!("pid {pid}: {reached}/{total} Ember samples reach {main} ({ember:.4}); perf --call-graph dwarf {perf_share:.4} of {perf_samples}");
+        assert!(total >= 1000, "pid {pid}: only {total} samples");
+        assert!(perf_samples >= 200, "pid {pid}: perf recorded only {perf_samples} samples");
+        assert!(ember >= 0.99 * perf_share, "pid {pid}: {ember:.4} of Ember's stacks reach {main}, perf's {perf_share:.4}");
+    }
+
+    // The time split the C fixtures measured, over both, within 2 points.
+    let c_samples: Vec<&Sample> = cpu.samples_of(pids[0]).into_iter().chain(cpu.samples_of(pids[1])).collect();
+    let in_phase = |frames: &[String], phase: &str| has_prefix(frames, phase) && reaches(frames, "main");
+    let phase_samples: Vec<i64> = PHASES.iter().map(|p| weighted(&c_samples, |f| in_phase(f, p)).0).collect();
+    let phase_ns: Vec<u64> = (0..PHASES.len()).map(|i| runs[0].lines[i][0] + runs[1].lines[i][0]).collect();
+    let (all_samples, all_ns) = (phase_samples.iter().sum::<i64>() as f64, phase_ns.iter().sum::<u64>() as f64);
+    for (i, phase) in PHASES.iter().enumerate() {
+        let (share, truth) = (phase_samples[i] as f64 / all_samples, phase_ns[i] as f64 / all_ns);
+        println!("{phase}: {share:.4} of samples, {truth:.4} of the fixture's CPU time");
+        assert!((share - truth).abs() <= 0.02, "{phase}: {share:.4} of samples, truth {truth:.4}");
+    }
+
+    // The comparator's callers through libc, without frame pointers in either.
+    let sorted: Vec<&Sample> = c_samples.iter().copied().filter(|s| names(s).first().is_some_and(|f| f == "by_value")).filter(|s| has_prefix(&names(s), "phase_qsort")).collect();
+    assert!(sorted.len() >= 50, "only {} comparator samples under qsort", sorted.len());
+    for sample in &sorted {
+        let frames = names(sample);
+        let caller = frames.iter().position(|f| f.starts_with("phase_qsort")).unwrap();
+        let between = &sample.frames[1..caller];
+        assert!(
+            between.iter().any(|f| f.mapping.contains("libc.so")) && frames.iter().any(|f| f.contains("qsort")),
+            "no libc frames between the comparator and its caller: {frames:?}"
+        );
+    }
+    // The library's two frames, then its caller.
+    let library: Vec<&Sample> = c_samples.iter().copied().filter(|s| names(s).first().is_some_and(|f| f.starts_with("lib_inner"))).collect();
+    assert!(!library.is_empty(), "no samples in the library");
+    for sample in &library {
+        let frames = names(sample);
+        assert!(frames.get(1).is_some_and(|f| f.starts_with("lib_work")) && has_prefix(&frames, "phase_library") && reaches(&frames, "main"), "{frames:?}");
+    }
+    // Recursion 100 deep: 101 frames of descend, and main below them.
+    let deepest = c_samples.iter().map(|s| names(s)).filter(|f| reaches(f, "main")).map(|f| f.iter().filter(|n| n.starts_with("descend")).count()).max();
+    assert_eq!(deepest, Some(101), "the deepest complete stack in the recursion");
+
+    // Off the CPU and on the network, stacks through libc are complete too.
+    for (kind, phase) in [("offcpu", "phase_nap"), ("net-tx", "phase_send")] {
+        let profile = Decoded::read(&kind_path(&out, kind));
+        let samples: Vec<&Sample> = pids[..2].iter().flat_map(|pid| profile.samples_of(*pid)).filter(|s| has_prefix(&names(s), phase)).collect();
+        let (reached, total) = weighted(&samples, |frames| reaches(frames, "main"));
+        println!("{kind}: {reached}/{total} events under {phase} reach main");
+        assert!(total > 0 && reached as f64 >= 0.99 * total as f64, "{kind}: {reached} of {total} events under {phase} reach main");
+    }
+    assert!(cpu.counter("unwind_complete") > 0);
+}
