@@ -13,6 +13,7 @@ use ember_proto::pprof::Profile;
 use prost::Message;
 
 pub mod kube_api;
+pub mod nofp;
 pub mod transport;
 
 /// The tests load BPF programs: without root they must fail loudly, never skip.

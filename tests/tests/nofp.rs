@@ -4,49 +4,22 @@
 //! and a non-PIE executable; and a Rust release binary without frame pointers. Ember and
 //! `perf record --call-graph dwarf` profile them at the same time; Ember's stacks must reach
 //! `main` at least as often (to 1%) as perf's, and split the time as the fixture measured it.
-//! Off-CPU (usleep) and network (sendto) stacks through libc must be complete too.
+//! Off-CPU (usleep) and network (sendto) stacks through libc must be complete too. A binary
+//! left out of the table budget is walked by frame pointers, and counted.
 //! Needs root, gcc, rustc and perf.
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
-use ember_tests::{kind_path, record_fixtures, require_root, Decoded, Fixture, Sample, TempDir};
+use ember_tests::{
+    fetch_metrics, kind_path, metric,
+    nofp::{self, PHASES},
+    record_fixtures, require_root, transport::free_address, wait_for_metric, Agent, Decoded, Fixture, Sample, TempDir,
+};
 
-const SOURCES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/nofp");
 const SECONDS: f64 = 6.0;
-/// Phases of `phases.c`, in the order it prints their CPU time.
-const PHASES: [&str; 5] = ["phase_qsort", "phase_bsearch", "phase_spin", "phase_library", "phase_recursion"];
-
-struct Fixtures {
-    pie: PathBuf,
-    no_pie: PathBuf,
-    rust: PathBuf,
-}
-
-fn run(command: &mut Command) {
-    let out = command.output().unwrap_or_else(|e| panic!("running {command:?}: {e}"));
-    assert!(out.status.success(), "{command:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-}
-
-fn build(dir: &TempDir) -> Fixtures {
-    let source = |name: &str| Path::new(SOURCES).join(name);
-    let library = dir.path("libphases.so");
-    let nofp = ["-O2", "-fomit-frame-pointer"];
-    run(Command::new("gcc").args(nofp).args(["-fPIC", "-shared", "-o"]).arg(&library).arg(source("library.c")));
-    let rpath = format!("-Wl,-rpath,{}", dir.path("").display());
-    let (pie, no_pie) = (dir.path("phases"), dir.path("phases-no-pie"));
-    for (out, flag) in [(&pie, "-pie"), (&no_pie, "-no-pie")] {
-        run(Command::new("gcc").args(nofp).arg(flag).arg("-o").arg(out).arg(source("phases.c")).arg(&library).arg(&rpath));
-    }
-    let rust = dir.path("rust_phases");
-    run(Command::new("rustc")
-        .args(["-C", "opt-level=3", "-C", "force-frame-pointers=no", "-o"])
-        .arg(&rust)
-        .arg(source("rust_phases.rs")));
-    Fixtures { pie, no_pie, rust }
-}
 
 /// `perf record --call-graph dwarf` attached to `pids` until they exit.
 fn perf_dwarf(pids: &[u32], out: &Path) -> Child {
@@ -123,7 +96,7 @@ fn has_prefix(frames: &[String], prefix: &str) -> bool {
 fn stacks_without_frame_pointers_are_complete_and_split_time_truthfully() {
     require_root();
     let dir = TempDir::new("nofp");
-    let built = build(&dir);
+    let built = nofp::build(&dir.path(""));
     let fixtures = vec![
         Fixture::spawn(built.pie.to_str().unwrap(), "phases", SECONDS),
         Fixture::spawn(built.no_pie.to_str().unwrap(), "phases", SECONDS),
@@ -161,7 +134,8 @@ fn stacks_without_frame_pointers_are_complete_and_split_time_truthfully() {
     let c_samples: Vec<&Sample> = cpu.samples_of(pids[0]).into_iter().chain(cpu.samples_of(pids[1])).collect();
     let in_phase = |frames: &[String], phase: &str| has_prefix(frames, phase) && reaches(frames, "main");
     let phase_samples: Vec<i64> = PHASES.iter().map(|p| weighted(&c_samples, |f| in_phase(f, p)).0).collect();
-    let phase_ns: Vec<u64> = (0..PHASES.len()).map(|i| runs[0].lines[i][0] + runs[1].lines[i][0]).collect();
+    // Each printed its rounds, then the CPU time of each phase.
+    let phase_ns: Vec<u64> = (1..=PHASES.len()).map(|i| runs[0].lines[i][0] + runs[1].lines[i][0]).collect();
     let (all_samples, all_ns) = (phase_samples.iter().sum::<i64>() as f64, phase_ns.iter().sum::<u64>() as f64);
     for (i, phase) in PHASES.iter().enumerate() {
         let (share, truth) = (phase_samples[i] as f64 / all_samples, phase_ns[i] as f64 / all_ns);
@@ -201,4 +175,36 @@ fn stacks_without_frame_pointers_are_complete_and_split_time_truthfully() {
         assert!(total > 0 && reached as f64 >= 0.99 * total as f64, "{kind}: {reached} of {total} events under {phase} reach main");
     }
     assert!(cpu.counter("unwind_complete") > 0);
+}
+
+#[test]
+fn binaries_beyond_a_tiny_table_budget_are_walked_by_frame_pointers_and_counted() {
+    require_root();
+    let dir = TempDir::new("nofp-budget");
+    let built = nofp::build(&dir.path(""));
+    let mut fixture = Fixture::spawn(built.pie.to_str().unwrap(), "phases", 3.0);
+    let (out, http) = (dir.path("profiles"), free_address());
+    let pid = fixture.pid().to_string();
+    // 0.01 MiB holds 1310 rows: the fixture's own tables (tens of rows), not libc's (~28K).
+    let args = ["run", "--pid", &pid, "-F", "499", "--interval", "1s", "--unwind-table-mib", "0.01"];
+    let mut agent = Agent::spawn(&[&args[..], &["--output-dir", out.to_str().unwrap(), "--http", &http.to_string()]].concat());
+    agent.wait_ready();
+    let over_budget = wait_for_metric(http, "ember_unwind_over_budget", Duration::from_secs(10), |n| n >= 1.0);
+    let tables = metric(&fetch_metrics(http), "ember_unwind_tables");
+    fixture.start();
+    fixture.finish();
+    std::thread::sleep(Duration::from_millis(1500));
+    agent.signal(libc::SIGTERM);
+    agent.wait_success(Duration::from_secs(30));
+    assert!(over_budget >= 1.0 && tables >= 2.0, "{over_budget} binaries over budget, {tables} tables loaded");
+    let samples: Vec<Sample> = Decoded::read_kind(&out, "cpu").into_iter().flat_map(|p| p.samples).collect();
+    let samples: Vec<&Sample> = samples.iter().filter(|s| s.labels.get("pid") == Some(&pid)).collect();
+    // The fixture's own code still unwinds from its table, up to main...
+    let spin: Vec<&Sample> = samples.iter().copied().filter(|s| has_prefix(&names(s), "phase_spin")).collect();
+    let (reached, total) = weighted(&spin, |frames| reaches(frames, "main"));
+    assert!(total > 0 && reached as f64 >= 0.99 * total as f64, "{reached} of {total} samples in phase_spin reach main");
+    // ...while libc's code, left out, is walked by frame pointers, which it has none of.
+    let sorting: Vec<&Sample> = samples.iter().copied().filter(|s| names(s).first().is_some_and(|f| f == "by_value")).collect();
+    let (through, total) = weighted(&sorting, |frames| has_prefix(frames, "phase_qsort"));
+    assert!(total > 0 && (through as f64) < 0.1 * total as f64, "{through} of {total} comparator samples got through libc without its table");
 }

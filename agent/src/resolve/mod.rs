@@ -39,6 +39,7 @@ impl Resolver {
     /// Loads and attaches the programs. Must be called inside a tokio runtime.
     pub fn start(settings: &KernelSettings, targets: Targets) -> Result<Resolver> {
         let (sampler, announcements, unwind_maps) = Sampler::start(settings)?;
+        procs::raise_open_file_limit();
         let drop_reasons = if settings.net.iter().any(|e| e.kind() == kind::KFREE_SKB) {
             Format::read("skb", "kfree_skb")?.symbols("reason")
         } else {
@@ -53,11 +54,21 @@ impl Resolver {
             drop_reasons,
             capacity: (settings.max_keys, settings.max_stacks),
         };
-        // Processes chosen by pid are loaded now, so that their first samples already have
-        // complete stacks (others are loaded when first sampled).
-        for &pid in &settings.pids {
-            resolver.processes.capture(pid);
+        // Processes that already run are loaded now, so that their first samples already have
+        // complete stacks (a process is otherwise loaded when first sampled). With a cgroup
+        // filter, that is left to the first sample.
+        let running = if !settings.pids.is_empty() {
+            settings.pids.clone()
+        } else if settings.cgroup_id.is_none() {
+            procs::running_processes()
+        } else {
+            Vec::new()
+        };
+        for tgid in running {
+            resolver.processes.capture(tgid);
         }
+        // Kernel threads have no mappings: not processes that exited unread.
+        resolver.processes.take_unread();
         resolver.load_unwind_tables();
         Ok(resolver)
     }

@@ -74,6 +74,25 @@ pub enum UserAddress {
     Unmapped(u64),
 }
 
+/// Raises the open-file limit to its hard limit: the table keeps every mapped binary open, and
+/// the usual soft limit (1024) is too few on a busy host.
+pub fn raise_open_file_limit() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
+/// Every process running now, by tgid.
+pub fn running_processes() -> Vec<u32> {
+    let entries = fs::read_dir("/proc").into_iter().flatten().flatten();
+    entries.filter_map(|e| e.file_name().to_str()?.parse().ok()).collect()
+}
+
 #[derive(Default)]
 pub struct ProcessTable {
     processes: HashMap<u32, Process>,

@@ -28,6 +28,9 @@ struct BenchArgs {
     /// Sampling frequencies to compare (oncpu, Hz).
     #[arg(long, value_delimiter = ',', default_value = "99,999")]
     frequencies: Vec<u64>,
+    /// oncpu: run a C workload built without frame pointers (perf then unwinds with DWARF).
+    #[arg(long)]
+    no_frame_pointers: bool,
 }
 
 fn main() {
@@ -41,7 +44,7 @@ fn main() {
 fn bench(args: BenchArgs) -> Result<()> {
     let _stats = BpfStatsEnabled::enable()?;
     match args.which.as_str() {
-        "oncpu" => oncpu::run(args.seconds, &args.frequencies),
+        "oncpu" => oncpu::run(args.seconds, &args.frequencies, args.no_frame_pointers),
         "offcpu" => offcpu::run(args.seconds),
         "net" => net::run(args.seconds),
         "transport" => transport::run(),

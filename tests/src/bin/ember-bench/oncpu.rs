@@ -1,14 +1,16 @@
 //! `cargo xtask bench oncpu`: the same busy workload with no profiler, with `perf record`,
-//! with bpftrace and with ember-agent, side by side, at each frequency.
+//! with bpftrace and with ember-agent, side by side, at each frequency. The workload is the
+//! Rust fixture with frame pointers (70/30 split), or with `--no-frame-pointers` the C
+//! `phases` fixture built without them, where perf unwinds with DWARF (`--call-graph dwarf`).
 use std::{
     fs,
-    path::Path,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::Duration,
 };
 
 use anyhow::{Context as _, Result};
-use ember_tests::Decoded;
+use ember_tests::{nofp, Decoded};
 
 use super::{opt, release_bin, Profiler as Running};
 
@@ -28,10 +30,77 @@ enum Profiler {
     Ember,
 }
 
-impl Profiler {
-    fn name(self) -> &'static str {
+/// What every worker runs.
+enum Workload {
+    /// `fixture split`: hot_a 70%, hot_b 30%, with frame pointers.
+    FramePointers,
+    /// `phases` built without frame pointers (its path).
+    NoFramePointers(PathBuf),
+}
+
+impl Workload {
+    fn command(&self, seconds: f64) -> Command {
+        let mut command = match self {
+            Workload::FramePointers => Command::new(release_bin("fixture")),
+            Workload::NoFramePointers(phases) => Command::new(phases),
+        };
+        command.args(["split", &seconds.to_string()]);
+        command
+    }
+
+    /// The workers' thread name, to pick their samples out of host-wide profiles.
+    fn comm(&self) -> &'static str {
         match self {
-            Profiler::Perf => "perf record -g",
+            Workload::FramePointers => "fixture",
+            Workload::NoFramePointers(_) => "phases",
+        }
+    }
+
+    fn perf_name(&self) -> &'static str {
+        match self {
+            Workload::FramePointers => "perf record -g",
+            Workload::NoFramePointers(_) => "perf --call-graph dwarf",
+        }
+    }
+
+    fn perf_call_graph(&self) -> &'static [&'static str] {
+        match self {
+            Workload::FramePointers => &["-g"],
+            Workload::NoFramePointers(_) => &["--call-graph", "dwarf"],
+        }
+    }
+
+    /// The column judging each profiler's stacks: hot_a's share of hot_a + hot_b (truth
+    /// 0.70), or the share of stacks that reach `main`.
+    fn judged(&self) -> &'static str {
+        match self {
+            Workload::FramePointers => "hot_a share (truth 0.70)",
+            Workload::NoFramePointers(_) => "stacks reaching main",
+        }
+    }
+
+    fn judge(&self, stacks: &[(Vec<String>, u64)]) -> String {
+        let count = |keep: &dyn Fn(&[String]) -> bool| stacks.iter().filter(|(f, _)| keep(f)).map(|(_, n)| n).sum::<u64>();
+        let all = count(&|_| true);
+        if all == 0 {
+            return "no workload samples".into();
+        }
+        match self {
+            Workload::FramePointers => {
+                let a = count(&|f| f.iter().any(|n| n.contains("hot_a")));
+                let b = count(&|f| f.iter().any(|n| n.contains("hot_b")));
+                // bpftrace names user frames when it prints, after the workload has exited.
+                if a + b == 0 { "frames unnamed".into() } else { format!("{:.3}", a as f64 / (a + b) as f64) }
+            }
+            Workload::NoFramePointers(_) => format!("{:.3}", count(&|f| f.iter().any(|n| n == "main")) as f64 / all as f64),
+        }
+    }
+}
+
+impl Profiler {
+    fn name(self, workload: &Workload) -> &'static str {
+        match self {
+            Profiler::Perf => workload.perf_name(),
             Profiler::Bpftrace => "bpftrace profile",
             Profiler::Ember => "ember-agent",
         }
@@ -49,28 +118,37 @@ struct Row {
     end_file_rss_mib: f64,
     map_mib: Option<f64>,
     throughput_ratio: f64,
-    share_a: String,
+    judged: String,
 }
 
-pub fn run(seconds: u64, frequencies: &[u64]) -> Result<()> {
+pub fn run(seconds: u64, frequencies: &[u64], no_frame_pointers: bool) -> Result<()> {
     let window = Duration::from_secs(seconds);
-    println!("bench oncpu: {WORKERS} busy workers, {seconds}s measured per run after a {}s warm-up", WARM_UP.as_secs());
-    let baseline = workload(window)?;
+    let built = std::env::temp_dir().join(format!("ember-bench-nofp-{}", std::process::id()));
+    let workload = if no_frame_pointers {
+        fs::create_dir_all(&built)?;
+        Workload::NoFramePointers(nofp::build(&built).pie)
+    } else {
+        Workload::FramePointers
+    };
+    println!("bench oncpu: {WORKERS} busy {} workers, {seconds}s measured per run after a {}s warm-up", workload.comm(), WARM_UP.as_secs());
+    let baseline = run_workload(&workload, window)?;
     println!("  no profiler: {baseline:.1} rounds/s");
     let mut rows = Vec::new();
     for &hz in frequencies {
         for profiler in [Profiler::Perf, Profiler::Bpftrace, Profiler::Ember] {
-            let row = measure(profiler, hz, window, baseline)?;
-            println!("  {:<17} {hz:>4} Hz: done", row.profiler);
+            let row = measure(profiler, &workload, hz, window, baseline)?;
+            println!("  {:<23} {hz:>4} Hz: done", row.profiler);
             rows.push(row);
         }
     }
+    let _ = fs::remove_dir_all(&built);
     println!();
     println!(
-        "Command: cargo xtask bench oncpu --seconds {seconds} --frequencies {}",
-        frequencies.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+        "Command: cargo xtask bench oncpu --seconds {seconds} --frequencies {}{}",
+        frequencies.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
+        if no_frame_pointers { " --no-frame-pointers" } else { "" }
     );
-    println!("| profiler | Hz | BPF ns/sample | steady CPU % of one core | start-up CPU s | peak RSS MiB | RSS at end MiB (files) | BPF map MiB | throughput vs none | hot_a share (truth 0.70) |");
+    println!("| profiler | Hz | BPF ns/sample | steady CPU % of one core | start-up CPU s | peak RSS MiB | RSS at end MiB (files) | BPF map MiB | throughput vs none | {} |", workload.judged());
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
@@ -85,41 +163,36 @@ pub fn run(seconds: u64, frequencies: &[u64]) -> Result<()> {
             r.end_file_rss_mib,
             opt(r.map_mib, 1),
             r.throughput_ratio,
-            r.share_a
+            r.judged
         );
     }
     Ok(())
 }
 
-/// Runs the fixture's 70/30 split on every worker; returns completed rounds per second.
-fn workload(window: Duration) -> Result<f64> {
+/// Runs the workload on every worker; returns completed rounds per second.
+fn run_workload(workload: &Workload, window: Duration) -> Result<f64> {
     let workers: Vec<Child> = (0..WORKERS)
-        .map(|_| {
-            Command::new(release_bin("fixture"))
-                .args(["split", &window.as_secs_f64().to_string()])
-                .stdout(Stdio::piped())
-                .spawn()
-        })
+        .map(|_| workload.command(window.as_secs_f64()).stdout(Stdio::piped()).spawn())
         .collect::<Result<_, _>>()
-        .context("starting fixture")?;
+        .context("starting the workload")?;
     let mut rounds = 0u64;
     for worker in workers {
         let out = worker.wait_with_output()?;
-        // "<units> <a units>": the first number is the work done.
+        // The first number is the work done.
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         rounds += text.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()).context("fixture output")?;
     }
     Ok(rounds as f64 / window.as_secs_f64())
 }
 
-fn measure(profiler: Profiler, hz: u64, window: Duration, baseline: f64) -> Result<Row> {
+fn measure(profiler: Profiler, workload: &Workload, hz: u64, window: Duration, baseline: f64) -> Result<Row> {
     let dir = std::env::temp_dir().join(format!("ember-bench-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir)?;
     let command = match profiler {
         Profiler::Perf => {
             let mut c = Command::new("perf");
-            c.args(["record", "-F", &hz.to_string(), "-g", "-a", "-o"]).arg(dir.join("perf.data"));
+            c.args(["record", "-F", &hz.to_string()]).args(workload.perf_call_graph()).args(["-a", "-o"]).arg(dir.join("perf.data"));
             c
         }
         Profiler::Bpftrace => {
@@ -134,18 +207,18 @@ fn measure(profiler: Profiler, hz: u64, window: Duration, baseline: f64) -> Resu
             c
         }
     };
-    let profiler_process = Running::start(profiler.name(), command)?;
+    let profiler_process = Running::start(profiler.name(workload), command)?;
     let started = std::time::Instant::now();
-    workload(PRIMING)?;
+    run_workload(workload, PRIMING)?;
     std::thread::sleep(WARM_UP.saturating_sub(started.elapsed()));
     let before = profiler_process.snapshot()?;
     let started = std::time::Instant::now();
-    let throughput = workload(window)?;
+    let throughput = run_workload(workload, window)?;
     let elapsed = started.elapsed().as_secs_f64();
     let after = profiler_process.snapshot()?;
     profiler_process.stop()?;
     let row = Row {
-        profiler: profiler.name(),
+        profiler: profiler.name(workload),
         hz,
         bpf_ns_per_sample: after.bpf_ns_per_run_since(&before),
         cpu_percent: after.cpu_percent_since(&before, elapsed),
@@ -155,31 +228,24 @@ fn measure(profiler: Profiler, hz: u64, window: Duration, baseline: f64) -> Resu
         end_file_rss_mib: after.file_rss_mib,
         map_mib: after.map_mib(),
         throughput_ratio: throughput / baseline,
-        share_a: split_share(profiler, &dir),
+        judged: workload.judge(&stacks(profiler, workload.comm(), &dir)),
     };
     let _ = fs::remove_dir_all(&dir);
     Ok(row)
 }
 
-/// hot_a's share of the fixture's hot_a + hot_b samples, from each profiler's own output
-/// (truth: 0.70), or why there is none.
-fn split_share(profiler: Profiler, dir: &Path) -> String {
-    let (mut a, mut b, mut fixture) = (0u64, 0u64, 0u64);
-    let mut count = |text: &str, n: u64| {
-        fixture += n;
-        if text.contains("hot_a") {
-            a += n;
-        } else if text.contains("hot_b") {
-            b += n;
-        }
-    };
+/// The workload's stacks (function names, leaf first) with their counts, from each
+/// profiler's own output.
+fn stacks(profiler: Profiler, comm: &str, dir: &Path) -> Vec<(Vec<String>, u64)> {
+    let mut stacks = Vec::new();
+    // "main+0x12" and "main+18" are main.
+    let bare = |frame: &str| frame.split('+').next().unwrap_or(frame).to_string();
     match profiler {
         Profiler::Ember => {
             for entry in fs::read_dir(dir.join("profiles")).into_iter().flatten().flatten() {
                 let profile = Decoded::read(&entry.path());
-                for sample in profile.samples.iter().filter(|s| s.labels.get("comm").is_some_and(|c| c == "fixture")) {
-                    let names: Vec<&str> = sample.frames.iter().map(|f| f.function.as_str()).collect();
-                    count(&names.join(";"), sample.values[0] as u64);
+                for sample in profile.samples.iter().filter(|s| s.labels.get("comm").is_some_and(|c| c == comm)) {
+                    stacks.push((sample.frames.iter().map(|f| f.function.clone()).collect(), sample.values[0] as u64));
                 }
             }
         }
@@ -191,8 +257,9 @@ fn split_share(profiler: Profiler, dir: &Path) -> String {
                 .output();
             let stdout = out.map(|o| o.stdout).unwrap_or_default();
             for block in String::from_utf8_lossy(&stdout).split("\n\n") {
-                if block.trim_start().starts_with("fixture") {
-                    count(block, 1);
+                let mut lines = block.trim_start().lines();
+                if lines.next().is_some_and(|header| header.trim() == comm) {
+                    stacks.push((lines.filter_map(|l| l.split_whitespace().nth(1)).map(bare).collect(), 1));
                 }
             }
         }
@@ -200,16 +267,12 @@ fn split_share(profiler: Profiler, dir: &Path) -> String {
             let text = fs::read_to_string(dir.join("bpftrace.out")).unwrap_or_default();
             for block in text.split("@[").skip(1) {
                 let Some((key, n)) = block.rsplit_once("]: ") else { continue };
-                if key.trim_end().ends_with("fixture") {
-                    count(key, n.trim().parse().unwrap_or(0));
+                if key.trim_end().ends_with(comm) {
+                    let frames = key.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with(',')).map(bare).collect();
+                    stacks.push((frames, n.trim().parse().unwrap_or(0)));
                 }
             }
         }
     }
-    match (a + b, fixture) {
-        (0, 0) => "no fixture samples".into(),
-        // bpftrace names user frames when it prints, after the workload has exited.
-        (0, _) => "frames unnamed".into(),
-        (named, _) => format!("{:.3}", a as f64 / named as f64),
-    }
+    stacks
 }

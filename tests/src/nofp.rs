@@ -1,0 +1,43 @@
+//! Workloads built without frame pointers (sources in `tests/fixtures/nofp`), compiled into a
+//! directory at run time: the tests and the unwinding benchmark share them.
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+const SOURCES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/nofp");
+
+/// `phases.c` as a PIE and a non-PIE executable (with `libphases.so`), and `rust_phases.rs`.
+pub struct Workloads {
+    pub pie: PathBuf,
+    pub no_pie: PathBuf,
+    pub rust: PathBuf,
+}
+
+/// The phases of `phases`, in the order it prints their CPU time (after its round count).
+pub const PHASES: [&str; 5] = ["phase_qsort", "phase_bsearch", "phase_spin", "phase_library", "phase_recursion"];
+
+fn run(command: &mut Command) {
+    let out = command.output().unwrap_or_else(|e| panic!("running {command:?}: {e}"));
+    assert!(out.status.success(), "{command:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Compiles the workloads into `dir`: C with gcc at -O2 -fomit-frame-pointer, Rust with
+/// rustc -C opt-level=3 -C force-frame-pointers=no.
+pub fn build(dir: &Path) -> Workloads {
+    let source = |name: &str| Path::new(SOURCES).join(name);
+    let library = dir.join("libphases.so");
+    let nofp = ["-O2", "-fomit-frame-pointer"];
+    run(Command::new("gcc").args(nofp).args(["-fPIC", "-shared", "-o"]).arg(&library).arg(source("library.c")));
+    let rpath = format!("-Wl,-rpath,{}", dir.display());
+    let (pie, no_pie) = (dir.join("phases"), dir.join("phases-no-pie"));
+    for (out, flag) in [(&pie, "-pie"), (&no_pie, "-no-pie")] {
+        run(Command::new("gcc").args(nofp).arg(flag).arg("-o").arg(out).arg(source("phases.c")).arg(&library).arg(&rpath));
+    }
+    let rust = dir.join("rust_phases");
+    run(Command::new("rustc")
+        .args(["-C", "opt-level=3", "-C", "force-frame-pointers=no", "-o"])
+        .arg(&rust)
+        .arg(source("rust_phases.rs")));
+    Workloads { pie, no_pie, rust }
+}
