@@ -227,6 +227,23 @@ pub struct ExecMapping {
     /// mapping's code by frame pointers.
     pub first_row: u32,
     pub rows: u32,
+    /// The table's page index in the page array: `pages` entries from `first_page`, one
+    /// per `UNWIND_PAGE` bytes of code, so that a search starts among a page's few rows, not
+    /// the whole table's.
+    pub first_page: u32,
+    pub pages: u32,
+}
+
+/// Bytes of code per page index entry.
+pub const UNWIND_PAGE: u64 = 4096;
+
+/// The rows (table-relative indices `first..end`) that can cover an address in one page: from
+/// the row that covers the page's first byte to the one that covers the next page's.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageRows {
+    pub first: u32,
+    pub end: u32,
 }
 
 /// Executable mappings (with tables) the walker can tell apart in one process.
@@ -324,6 +341,8 @@ pub mod names {
     pub const USER_STACKS: [&str; 2] = ["USER_STACKS_A", "USER_STACKS_B"];
     /// Every loaded unwind table's rows, one array (mmapped by userspace to fill it).
     pub const UNWIND_ROWS: &str = "UNWIND_ROWS";
+    /// Every loaded unwind table's page index, one array (`ExecMapping::first_page`).
+    pub const UNWIND_PAGES: &str = "UNWIND_PAGES";
     /// Every loaded process's executable mappings, one array.
     pub const MAPPINGS: &str = "MAPPINGS";
     /// Per process (tgid): where its mappings are in `MAPPINGS`.
@@ -386,4 +405,5 @@ mod pod {
     unsafe impl aya::Pod for super::UnwindRow {}
     unsafe impl aya::Pod for super::ProcessMappings {}
     unsafe impl aya::Pod for super::ExecMapping {}
+    unsafe impl aya::Pod for super::PageRows {}
 }

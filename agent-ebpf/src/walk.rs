@@ -7,7 +7,7 @@ use core::ffi::c_void;
 
 use agent_common::{
     counter, row_kind, stack_status, unwind_stop, ExecMapping, ProcessMappings, UnwindRow, UserStack, MAX_MAPPINGS,
-    MAX_USER_FRAMES,
+    MAX_USER_FRAMES, PageRows, UNWIND_PAGE,
 };
 use aya_ebpf::{
     bindings::{pt_regs, BPF_F_MMAPABLE, BPF_NOEXIST},
@@ -25,6 +25,9 @@ use crate::{bump, BufferSet};
 /// through a shared mapping.
 #[map]
 static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+/// Every loaded table's page index (see `ExecMapping::first_page`).
+#[map]
+static UNWIND_PAGES: Array<PageRows> = Array::with_max_entries(1, BPF_F_MMAPABLE);
 /// Every loaded process's executable mappings (with tables), sorted by address per process.
 /// Searched through map lookups, not by indexing one large value: the verifier then need not
 /// track every search path's index, which made it give up.
@@ -48,6 +51,8 @@ struct Walk {
     bp: u64,
     /// Empty when userspace has not loaded the process yet: frame pointers only.
     mappings: ProcessMappings,
+    /// The last mapping found (empty at first).
+    mapping: ExecMapping,
     stack: *mut UserStack,
     hash: u64,
     check: u64,
@@ -75,6 +80,7 @@ pub fn user_stack_id(set: &BufferSet, tgid: u32) -> i32 {
         sp: regs.rsp,
         bp: regs.rbp,
         mappings,
+        mapping: ExecMapping::default(),
         stack,
         hash: 0xcbf2_9ce4_8422_2325,
         check: 0x9e37_79b9_7f4a_7c15,
@@ -150,47 +156,66 @@ extern "C" fn step(index: u64, context: *mut c_void) -> i64 {
     // A return address points after its call, which may be the last instruction of the
     // function: its rule is the one of the address before.
     let pc = if index == 0 { walk.pc } else { walk.pc.wrapping_sub(1) };
-    let (cfa, bp) = match caller_frame(walk, pc) {
-        Ok(frame) => frame,
+    match caller(walk, pc) {
+        Ok((pc, sp, bp)) => {
+            (walk.pc, walk.sp, walk.bp) = (pc, sp, bp);
+            0
+        }
         Err(stop) => {
             stack.stop = stop;
-            return 1;
+            1
         }
-    };
-    // The caller's frame lies above the callee's: anything else is not a stack.
-    if cfa <= walk.sp {
-        stack.stop = unwind_stop::BAD_FRAME;
-        return 1;
     }
-    let Ok(ra) = (unsafe { bpf_probe_read_user((cfa - 8) as *const u64) }) else {
-        stack.stop = unwind_stop::READ_FAULT;
-        return 1;
-    };
-    if ra == 0 {
-        stack.stop = unwind_stop::END; // a thread's first frame has no return address
-        return 1;
-    }
-    (walk.pc, walk.sp, walk.bp) = (ra, cfa, bp);
-    0
 }
 
-/// The caller's CFA and rbp, from the row that covers `pc` or from the frame pointer.
+/// The caller's pc, sp and rbp, or why there is none.
 #[inline(always)]
-fn caller_frame(walk: &Walk, pc: u64) -> Result<(u64, u64), u32> {
-    let Some(mapping) = find_mapping(&walk.mappings, pc).filter(|m| m.rows != 0) else {
+fn caller(walk: &mut Walk, pc: u64) -> Result<(u64, u64, u64), u32> {
+    let (cfa, saved_bp) = caller_frame(walk, pc)?;
+    // The caller's frame lies above the callee's: anything else is not a stack.
+    if cfa <= walk.sp {
+        return Err(unwind_stop::BAD_FRAME);
+    }
+    let read = |at: u64| unsafe { bpf_probe_read_user(at as *const u64) }.map_err(|_| unwind_stop::READ_FAULT);
+    let (ra, bp) = match saved_bp {
+        // The usual frame (push rbp right after the call): one read for both.
+        Some(at) if at == cfa - 16 => {
+            let [bp, ra] = unsafe { bpf_probe_read_user((cfa - 16) as *const [u64; 2]) }.map_err(|_| unwind_stop::READ_FAULT)?;
+            (ra, bp)
+        }
+        Some(at) => (read(cfa - 8)?, read(at)?),
+        None => (read(cfa - 8)?, walk.bp),
+    };
+    if ra == 0 {
+        return Err(unwind_stop::END); // a thread's first frame has no return address
+    }
+    Ok((ra, cfa, bp))
+}
+
+/// The caller's CFA, and where the caller's rbp is saved (None: rbp is unchanged), from the
+/// row that covers `pc` or from the frame pointer.
+#[inline(always)]
+fn caller_frame(walk: &mut Walk, pc: u64) -> Result<(u64, Option<u64>), u32> {
+    // Neighbouring frames are often in one file: try the last frame's mapping first.
+    if !(walk.mapping.start <= pc && pc < walk.mapping.end) {
+        if let Some(mapping) = find_mapping(&walk.mappings, pc) {
+            walk.mapping = mapping;
+        }
+    }
+    let mapping = walk.mapping;
+    if !(mapping.start <= pc && pc < mapping.end) || mapping.rows == 0 {
         // No table (JIT code, a binary left out of the budget, a process not loaded yet):
         // the frame pointer, where a zero rbp marks the outermost frame.
         if walk.bp == 0 {
             return Err(unwind_stop::END);
         }
-        let saved_bp = unsafe { bpf_probe_read_user(walk.bp as *const u64) }.map_err(|_| unwind_stop::READ_FAULT)?;
-        return Ok((walk.bp + 16, saved_bp));
-    };
+        return Ok((walk.bp + 16, Some(walk.bp)));
+    }
     let relative = pc.wrapping_sub(mapping.bias);
     if relative > u32::MAX as u64 {
         return Err(unwind_stop::NO_INFO);
     }
-    let row = find_row(mapping.first_row, mapping.rows, relative as u32).ok_or(unwind_stop::NO_INFO)?;
+    let row = find_row(&mapping, relative as u32).ok_or(unwind_stop::NO_INFO)?;
     let cfa = match row.kind {
         row_kind::CFA_RSP => walk.sp + row.cfa_offset as u64,
         row_kind::CFA_RBP => walk.bp + row.cfa_offset as u64,
@@ -201,11 +226,7 @@ fn caller_frame(walk: &Walk, pc: u64) -> Result<(u64, u64), u32> {
         row_kind::NO_INFO => return Err(unwind_stop::NO_INFO),
         _ => return Err(unwind_stop::UNSUPPORTED),
     };
-    if row.rbp_offset == 0 {
-        return Ok((cfa, walk.bp));
-    }
-    let at = cfa.wrapping_add((row.rbp_offset as i64 * 8) as u64);
-    let saved_bp = unsafe { bpf_probe_read_user(at as *const u64) }.map_err(|_| unwind_stop::READ_FAULT)?;
+    let saved_bp = (row.rbp_offset != 0).then(|| cfa.wrapping_add((row.rbp_offset as i64 * 8) as u64));
     Ok((cfa, saved_bp))
 }
 
@@ -219,10 +240,17 @@ fn find_mapping(mappings: &ProcessMappings, pc: u64) -> Option<ExecMapping> {
     (mapping.start <= pc && pc < mapping.end).then_some(mapping)
 }
 
-/// The last of a table's rows that starts at or before `pc`.
+/// The last of a table's rows that starts at or before `pc`, searched for among the rows of
+/// its page.
 #[inline(always)]
-fn find_row(first: u32, rows: u32, pc: u32) -> Option<UnwindRow> {
-    let last = search(rows, ROW_STEPS, |i| Some(UNWIND_ROWS.get(first + i)?.pc as u64), pc as u64)?;
+fn find_row(mapping: &ExecMapping, pc: u32) -> Option<UnwindRow> {
+    let page = (pc as u64 / UNWIND_PAGE) as u32;
+    if page >= mapping.pages {
+        return None; // beyond the table's last row, which is a no-info end
+    }
+    let rows = *UNWIND_PAGES.get(mapping.first_page + page)?;
+    let first = mapping.first_row + rows.first;
+    let last = search(rows.end.saturating_sub(rows.first), ROW_STEPS, |i| Some(UNWIND_ROWS.get(first + i)?.pc as u64), pc as u64)?;
     let row = *UNWIND_ROWS.get(first + last)?;
     (row.pc <= pc).then_some(row)
 }

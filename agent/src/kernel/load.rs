@@ -101,6 +101,8 @@ impl Sampler {
             loader.map_max_entries(name, settings.max_stacks.max(1));
         }
         loader.map_max_entries(names::UNWIND_ROWS, settings.unwind_rows.max(1));
+        // A page of code has tens of rows: an index entry per four rows is plenty.
+        loader.map_max_entries(names::UNWIND_PAGES, (settings.unwind_rows / 4).max(1));
         loader.map_max_entries(names::MAPPINGS, MAPPING_SLOTS);
         let mut ebpf = loader.load(OBJECT).map_err(|e| anyhow::anyhow!("loading the BPF object failed: {e}{}", chain(&e)))?;
 
@@ -161,6 +163,7 @@ impl Sampler {
         };
         let unwind_maps = UnwindMaps::new(
             Array::try_from(take(&mut ebpf, names::UNWIND_ROWS)?)?,
+            Array::try_from(take(&mut ebpf, names::UNWIND_PAGES)?)?,
             Array::try_from(take(&mut ebpf, names::MAPPINGS)?)?,
             BpfHashMap::try_from(take(&mut ebpf, names::PROCESS_MAPPINGS)?)?,
         );

@@ -4,7 +4,7 @@
 //! shared mapping (one copy, not one syscall per entry).
 use std::os::fd::{AsFd as _, AsRawFd as _};
 
-use agent_common::{ExecMapping, ProcessMappings, UnwindRow};
+use agent_common::{ExecMapping, PageRows, ProcessMappings, UnwindRow};
 use anyhow::{bail, Context as _, Result};
 use aya::{
     maps::{Array, HashMap as BpfHashMap, IterableMap as _, MapData},
@@ -13,6 +13,7 @@ use aya::{
 
 pub struct UnwindMaps {
     rows: Array<MapData, UnwindRow>,
+    pages: Array<MapData, PageRows>,
     mappings: Array<MapData, ExecMapping>,
     processes: BpfHashMap<MapData, u32, ProcessMappings>,
 }
@@ -20,10 +21,11 @@ pub struct UnwindMaps {
 impl UnwindMaps {
     pub(super) fn new(
         rows: Array<MapData, UnwindRow>,
+        pages: Array<MapData, PageRows>,
         mappings: Array<MapData, ExecMapping>,
         processes: BpfHashMap<MapData, u32, ProcessMappings>,
     ) -> UnwindMaps {
-        UnwindMaps { rows, mappings, processes }
+        UnwindMaps { rows, pages, mappings, processes }
     }
 
     /// Rows the row array holds (the table memory budget).
@@ -31,14 +33,19 @@ impl UnwindMaps {
         self.rows.len()
     }
 
+    pub fn page_capacity(&self) -> u32 {
+        self.pages.len()
+    }
+
     pub fn mapping_capacity(&self) -> u32 {
         self.mappings.len()
     }
 
-    /// Writes `rows` from index `first`. Programs must not read these indices yet (the caller
-    /// publishes them afterwards, with a process's mappings).
-    pub fn write_rows(&mut self, first: u32, rows: &[UnwindRow]) -> Result<()> {
-        write(&self.rows, first, rows).context("writing unwind rows")
+    /// Writes a table's rows and page index from the indices given. Programs must not read
+    /// these yet (the caller publishes them afterwards, with a process's mappings).
+    pub fn write_table(&mut self, (first_row, rows): (u32, &[UnwindRow]), (first_page, pages): (u32, &[PageRows])) -> Result<()> {
+        write(&self.rows, first_row, rows).context("writing unwind rows")?;
+        write(&self.pages, first_page, pages).context("writing an unwind page index")
     }
 
     /// Writes a process's mappings from index `first`, then points the process at them.
@@ -56,6 +63,8 @@ impl UnwindMaps {
 
 /// Copies `items` into a BPF_F_MMAPABLE array from index `first`.
 fn write<T: Pod>(array: &Array<MapData, T>, first: u32, items: &[T]) -> Result<()> {
+    // The kernel lays array elements out 8-byte aligned: only then is this the element stride.
+    const { assert!(size_of::<T>() % 8 == 0) };
     let size = size_of::<T>();
     if first as usize + items.len() > array.len() as usize {
         bail!("entries {first}+{} are beyond the array's {}", items.len(), array.len());

@@ -1,8 +1,8 @@
 //! The walker's form of a table: 8-byte rows (`agent_common::UnwindRow`) with addresses
-//! relative to the table's first row. Rules that do not fit the compact form (offsets beyond
+//! relative to the table's first row, and a page index into them. Rules that do not fit the compact form (offsets beyond
 //! 16 bits, rbp saved off an 8-byte slot) become `UNSUPPORTED` rows: a walk stops there
 //! rather than follow a wrong caller.
-use agent_common::{row_kind, UnwindRow, MAX_TABLE_ROWS};
+use agent_common::{row_kind, PageRows, UnwindRow, MAX_TABLE_ROWS, UNWIND_PAGE};
 use anyhow::{ensure, Result};
 
 use super::table::{Rule, Segment, UnwindTable};
@@ -11,6 +11,8 @@ pub struct CompactTable {
     /// Address of the first row: `UnwindRow::pc` is relative to it.
     pub base: u64,
     pub rows: Vec<UnwindRow>,
+    /// Per page of code, the rows that can cover it (`ExecMapping::first_page`).
+    pub pages: Vec<PageRows>,
     pub segments: Vec<Segment>,
 }
 
@@ -28,7 +30,8 @@ impl CompactTable {
             }
         }
         ensure!(rows.len() <= MAX_TABLE_ROWS as usize, "{} rows, beyond the walker's {MAX_TABLE_ROWS}", rows.len());
-        Ok(CompactTable { base, rows, segments: table.segments })
+        let pages = page_index(&rows);
+        Ok(CompactTable { base, rows, pages, segments: table.segments })
     }
 
     /// What to subtract from an address in a mapping of the file (starting at `start`, from
@@ -42,6 +45,16 @@ impl CompactTable {
         // address in file terms = pc - start + file_offset - segment offset + segment address
         Some(start.wrapping_sub(file_offset).wrapping_add(segment.file_range.0).wrapping_sub(segment.address).wrapping_add(self.base))
     }
+}
+
+/// For each page up to the last row's, the rows from the one that covers its first byte to
+/// the one that covers the next page's (inclusive).
+fn page_index(rows: &[UnwindRow]) -> Vec<PageRows> {
+    let Some(last) = rows.last() else { return Vec::new() };
+    // The row that covers `address`: the last that starts at or before it.
+    let covering = |address: u64| rows.partition_point(|row| row.pc as u64 <= address).saturating_sub(1) as u32;
+    let pages = last.pc as u64 / UNWIND_PAGE + 1;
+    (0..pages).map(|page| PageRows { first: covering(page * UNWIND_PAGE), end: covering((page + 1) * UNWIND_PAGE) + 1 }).collect()
 }
 
 fn compact_rule(rule: Rule) -> UnwindRow {

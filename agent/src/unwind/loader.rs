@@ -29,7 +29,7 @@ pub struct MappedFile {
 }
 
 enum Table {
-    Loaded { first_row: u32, table: CompactTable },
+    Loaded { first_row: u32, first_page: u32, table: CompactTable },
     /// Walked by frame pointers: the file has no usable table, or it did not fit the budget.
     FramePointers { over_budget: bool },
 }
@@ -37,6 +37,7 @@ enum Table {
 pub struct Unwinder {
     maps: UnwindMaps,
     rows: Space,
+    pages: Space,
     tables: HashMap<TableKey, Table>,
     /// Slots of the mapping array, and which each loaded process holds (first, count).
     slots: Space,
@@ -48,6 +49,7 @@ impl Unwinder {
         metrics::set("ember_unwind_rows_capacity", &[], maps.row_capacity() as f64);
         Unwinder {
             rows: Space::new(maps.row_capacity()),
+            pages: Space::new(maps.page_capacity()),
             slots: Space::new(maps.mapping_capacity()),
             maps,
             tables: HashMap::new(),
@@ -60,9 +62,17 @@ impl Unwinder {
     pub fn load_process(&mut self, tgid: u32, files: &[MappedFile]) -> Result<()> {
         let mut mappings = Vec::new();
         for file in files {
-            let Table::Loaded { first_row, table } = self.table(file) else { continue };
+            let Table::Loaded { first_row, first_page, table } = self.table(file) else { continue };
             let Some(bias) = table.bias(file.start, file.file_offset) else { continue };
-            mappings.push(ExecMapping { start: file.start, end: file.end, bias, first_row: *first_row, rows: table.rows.len() as u32 });
+            mappings.push(ExecMapping {
+                start: file.start,
+                end: file.end,
+                bias,
+                first_row: *first_row,
+                rows: table.rows.len() as u32,
+                first_page: *first_page,
+                pages: table.pages.len() as u32,
+            });
         }
         if mappings.len() > MAX_MAPPINGS as usize {
             metrics::add("ember_unwind_mappings_dropped_total", &[], (mappings.len() - MAX_MAPPINGS as usize) as f64);
@@ -91,12 +101,14 @@ impl Unwinder {
     /// after the drain and after forgetting exited processes.
     pub fn retain(&mut self, live: impl Fn(&TableKey) -> bool) {
         self.rows.release();
+        self.pages.release();
         self.slots.release();
-        let rows = &mut self.rows;
+        let (rows, pages) = (&mut self.rows, &mut self.pages);
         self.tables.retain(|key, table| {
             let keep = live(key);
-            if let (false, Table::Loaded { first_row, table }) = (keep, &table) {
+            if let (false, Table::Loaded { first_row, first_page, table }) = (keep, &table) {
                 rows.give_back(*first_row, table.rows.len() as u32);
+                pages.give_back(*first_page, table.pages.len() as u32);
             }
             keep
         });
@@ -124,16 +136,23 @@ impl Unwinder {
             }
         };
         metrics::add("ember_unwind_build_seconds_total", &[], started.elapsed().as_secs_f64());
-        let Some(first_row) = self.rows.take(table.rows.len() as u32) else {
-            tracing::warn!(path = %file.path.display(), rows = table.rows.len(), "unwind table budget exhausted: walked by frame pointers (raise unwind_table_mib)");
-            return Table::FramePointers { over_budget: true };
+        let (rows, pages) = (table.rows.len() as u32, table.pages.len() as u32);
+        let over_budget = || {
+            tracing::warn!(path = %file.path.display(), rows, "unwind table budget exhausted: walked by frame pointers (raise unwind_table_mib)");
+            Table::FramePointers { over_budget: true }
         };
-        if let Err(e) = self.maps.write_rows(first_row, &table.rows) {
+        let Some(first_row) = self.rows.take(rows) else { return over_budget() };
+        let Some(first_page) = self.pages.take(pages) else {
+            self.rows.give_back(first_row, rows);
+            return over_budget();
+        };
+        if let Err(e) = self.maps.write_table((first_row, &table.rows), (first_page, &table.pages)) {
             tracing::warn!(path = %file.path.display(), "loading an unwind table failed: {e:#}");
-            self.rows.give_back(first_row, table.rows.len() as u32);
+            self.rows.give_back(first_row, rows);
+            self.pages.give_back(first_page, pages);
             return Table::FramePointers { over_budget: false };
         }
-        Table::Loaded { first_row, table }
+        Table::Loaded { first_row, first_page, table }
     }
 
     fn publish(&self) {
