@@ -244,10 +244,13 @@ pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
     }
     bump(set.counters, counter::SAMPLES);
     let mut key = current_key(kind::ON_CPU, &set);
-    key.user_stack_id = walk::user_stack_id(&set, tgid);
-    // A sample taken in user mode has no kernel stack: skip the helper call (the kernel
-    // would walk nothing and return -EFAULT). cs's low bits are the privilege level.
-    if unsafe { (*ctx.ctx).regs.cs } & 3 != 3 {
+    // A sample taken in user mode has the user registers at hand, and no kernel stack (the
+    // kernel would walk nothing and return -EFAULT): skip that helper call.
+    let regs = unsafe { &(*ctx.ctx).regs };
+    if walk::in_user_mode(regs) {
+        key.user_stack_id = walk::user_stack_id(&set, tgid, Some(regs));
+    } else {
+        key.user_stack_id = walk::user_stack_id(&set, tgid, None);
         key.kernel_stack_id = kernel_stack_id(&ctx, &set);
     }
     record(&set, &key, 1, 0);
@@ -313,7 +316,7 @@ fn switch_out(ctx: &TracePointContext, set: &BufferSet, state: u64, now: u64) {
     }
     let mut key = current_key(kind::OFF_CPU, set);
     key.aux = class;
-    key.user_stack_id = walk::user_stack_id(set, tgid);
+    key.user_stack_id = walk::user_stack_id(set, tgid, None);
     key.kernel_stack_id = kernel_stack_id(ctx, set);
     if OFF_CPU_START.insert(&key.pid, &OffCpuStart { key, start_ns: now }, 0).is_err() {
         bump(set.counters, counter::OFF_CPU_TABLE_FULL);
@@ -369,7 +372,7 @@ fn record_net(ctx: &TracePointContext, event_kind: u8) -> u32 {
             return 0;
         }
     }
-    key.user_stack_id = walk::user_stack_id(&set, tgid);
+    key.user_stack_id = walk::user_stack_id(&set, tgid, None);
     key.kernel_stack_id = kernel_stack_id(ctx, &set);
     record(&set, &key, 1, len as u64);
     0
@@ -410,7 +413,7 @@ pub fn sock_send_length(ctx: TracePointContext) -> u32 {
         return 0;
     }
     let mut key = current_key(kind::NET_DEV_QUEUE, &set);
-    key.user_stack_id = walk::user_stack_id(&set, key.tgid);
+    key.user_stack_id = walk::user_stack_id(&set, key.tgid, None);
     key.kernel_stack_id = kernel_stack_id(&ctx, &set);
     let _ = SOCK_OWNER.insert(&sk, &SocketOwner { key, generation: set.generation, _pad: 0 }, 0);
     0

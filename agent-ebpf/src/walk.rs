@@ -13,7 +13,7 @@ use aya_ebpf::{
     bindings::{pt_regs, BPF_F_MMAPABLE, BPF_NOEXIST},
     helpers::{
         bpf_probe_read_kernel, bpf_probe_read_user,
-        generated::{bpf_get_current_task_btf, bpf_loop, bpf_task_pt_regs},
+        generated::{bpf_get_current_task_btf, bpf_loop, bpf_probe_read_user as bpf_probe_read_user_raw, bpf_task_pt_regs},
     },
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
@@ -39,6 +39,20 @@ static PROCESS_MAPPINGS: HashMap<u32, ProcessMappings> = HashMap::with_max_entri
 /// The stack being walked on this CPU (too large for the BPF stack).
 #[map]
 static WALK: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
+/// A copy of the part of the user stack being walked: one read of user memory serves the
+/// frames it holds, instead of one read per frame.
+#[map]
+static WINDOW: PerCpuArray<StackWindow> = PerCpuArray::with_max_entries(1, 0);
+
+/// Bytes of user stack copied at a time.
+const WINDOW_BYTES: u64 = 512;
+const WINDOW_WORDS: usize = (WINDOW_BYTES / 8) as usize;
+
+#[repr(C)]
+pub struct StackWindow {
+    /// One word more than the window: a pair read at its last word stays inside the value.
+    words: [u64; WINDOW_WORDS + 1],
+}
 
 /// Steps of the binary searches: enough for `MAX_MAPPINGS` and `MAX_TABLE_ROWS`.
 const MAPPING_STEPS: u32 = 11;
@@ -54,16 +68,27 @@ struct Walk {
     /// The last mapping found (empty at first).
     mapping: ExecMapping,
     stack: *mut UserStack,
+    window: *mut StackWindow,
+    /// User addresses the window holds (empty at first).
+    window_start: u64,
+    window_end: u64,
     hash: u64,
     check: u64,
 }
 
 /// The user stack of the current task, stored in the set's user stack map: its id there, or
-/// a negative `stack_status` (counted).
+/// a negative `stack_status` (counted). `regs`: the task's user registers if the caller has
+/// them at hand (a sample taken in user mode), else they are read from the task.
 #[inline(always)]
-pub fn user_stack_id(set: &BufferSet, tgid: u32) -> i32 {
-    let Some(regs) = user_regs() else { return stack_status::NONE };
-    let Some(stack) = WALK.get_ptr_mut(0) else { return stack_status::ERROR };
+pub fn user_stack_id(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> i32 {
+    let regs = match regs {
+        Some(regs) => *regs,
+        None => match task_user_regs() {
+            Some(regs) => regs,
+            None => return stack_status::NONE,
+        },
+    };
+    let (Some(stack), Some(window)) = (WALK.get_ptr_mut(0), WINDOW.get_ptr_mut(0)) else { return stack_status::ERROR };
     let mappings = match unsafe { PROCESS_MAPPINGS.get(&tgid) } {
         Some(mappings) => *mappings,
         None => {
@@ -82,6 +107,9 @@ pub fn user_stack_id(set: &BufferSet, tgid: u32) -> i32 {
         mappings,
         mapping: ExecMapping::default(),
         stack,
+        window,
+        window_start: 0,
+        window_end: 0,
         hash: 0xcbf2_9ce4_8422_2325,
         check: 0x9e37_79b9_7f4a_7c15,
     };
@@ -136,11 +164,16 @@ fn store(set: &BufferSet, id: u32, stack: &UserStack) -> i32 {
 
 /// The registers the task had when it last left user mode, or None for a kernel thread.
 #[inline(always)]
-fn user_regs() -> Option<pt_regs> {
+fn task_user_regs() -> Option<pt_regs> {
     let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
     let regs = unsafe { bpf_probe_read_kernel(regs) }.ok()?;
-    // The saved code segment's privilege level: 3 for user mode.
-    (regs.cs & 3 == 3).then_some(regs)
+    in_user_mode(&regs).then_some(regs)
+}
+
+/// Whether registers are user mode's: the code segment's privilege level is 3.
+#[inline(always)]
+pub fn in_user_mode(regs: &pt_regs) -> bool {
+    regs.cs & 3 == 3
 }
 
 /// One frame: records the pc, then finds the caller's pc, sp and bp. Returns 1 to end the
@@ -176,20 +209,36 @@ fn caller(walk: &mut Walk, pc: u64) -> Result<(u64, u64, u64), u32> {
     if cfa <= walk.sp {
         return Err(unwind_stop::BAD_FRAME);
     }
-    let read = |at: u64| unsafe { bpf_probe_read_user(at as *const u64) }.map_err(|_| unwind_stop::READ_FAULT);
     let (ra, bp) = match saved_bp {
         // The usual frame (push rbp right after the call): one read for both.
         Some(at) if at == cfa - 16 => {
-            let [bp, ra] = unsafe { bpf_probe_read_user((cfa - 16) as *const [u64; 2]) }.map_err(|_| unwind_stop::READ_FAULT)?;
+            let [bp, ra] = read_pair(walk, cfa - 16)?;
             (ra, bp)
         }
-        Some(at) => (read(cfa - 8)?, read(at)?),
-        None => (read(cfa - 8)?, walk.bp),
+        Some(at) => (read_pair(walk, cfa - 8)?[0], read_pair(walk, at)?[0]),
+        None => (read_pair(walk, cfa - 8)?[0], walk.bp),
     };
     if ra == 0 {
         return Err(unwind_stop::END); // a thread's first frame has no return address
     }
     Ok((ra, cfa, bp))
+}
+
+/// The two words of user memory at `at`, from the window, which is moved to `at` first if it
+/// does not hold them. Where a window cannot be read (it would cross the end of the stack),
+/// or `at` is not word aligned, the words are read on their own.
+#[inline(always)]
+fn read_pair(walk: &mut Walk, at: u64) -> Result<[u64; 2], u32> {
+    if at & 7 == 0 && !(walk.window_start <= at && at + 16 <= walk.window_end) {
+        let copied = unsafe { bpf_probe_read_user_raw(walk.window as *mut c_void, WINDOW_BYTES as u32, at as *const c_void) };
+        (walk.window_start, walk.window_end) = if copied == 0 { (at, at + WINDOW_BYTES) } else { (0, 0) };
+    }
+    if at & 7 == 0 && walk.window_start <= at && at + 16 <= walk.window_end {
+        let index = ((at - walk.window_start) / 8) as usize & (WINDOW_WORDS - 1);
+        let words = unsafe { &(*walk.window).words };
+        return Ok([*words.get(index).ok_or(unwind_stop::READ_FAULT)?, *words.get(index + 1).ok_or(unwind_stop::READ_FAULT)?]);
+    }
+    unsafe { bpf_probe_read_user(at as *const [u64; 2]) }.map_err(|_| unwind_stop::READ_FAULT)
 }
 
 /// The caller's CFA, and where the caller's rbp is saved (None: rbp is unchanged), from the
