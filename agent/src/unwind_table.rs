@@ -14,7 +14,6 @@ pub fn print(args: &UnwindTableArgs) -> Result<()> {
     for path in &args.files {
         let started = Instant::now();
         let table = unwind::table_of_file(path)?;
-        let elapsed = started.elapsed();
         if args.rows {
             for row in &table.rows {
                 println!("{:016x} {}", row.address, describe(row.rule));
@@ -26,13 +25,17 @@ pub fn print(args: &UnwindTableArgs) -> Result<()> {
             *by_rule.entry(kind(row.rule)).or_default() += 1;
         }
         let kinds: Vec<String> = by_rule.iter().map(|(kind, n)| format!("{kind} {n}")).collect();
+        let (rows, source) = (table.rows.len(), table.source);
+        let compact = unwind::CompactTable::of(table)?;
+        let elapsed = started.elapsed();
         println!(
-            "{}: {} rows from {} in {:.1} ms ({})",
+            "{}: {rows} rows from {source} in {:.1} ms ({}); in the kernel: {} rows, {} pages, {:.1} KiB",
             path.display(),
-            table.rows.len(),
-            table.source,
             elapsed.as_secs_f64() * 1e3,
-            kinds.join(", ")
+            kinds.join(", "),
+            compact.rows.len(),
+            compact.pages.len(),
+            compact.kernel_bytes() as f64 / 1024.0
         );
     }
     Ok(())

@@ -34,8 +34,13 @@ pub fn check() -> Result<()> {
         bail!("this kernel has no perf events (CONFIG_PERF_EVENTS is off): ember-agent cannot sample CPUs here");
     }
     if !Path::new("/sys/kernel/btf/vmlinux").exists() {
-        // On-CPU sampling needs no BTF; later probes that read kernel structures will.
-        tracing::warn!("no kernel BTF at /sys/kernel/btf/vmlinux (CONFIG_DEBUG_INFO_BTF off): on-CPU profiling works, other profiles may not");
+        // The user-stack walker finds a task's user registers through BTF-typed helpers.
+        bail!("this kernel has no BTF (/sys/kernel/btf/vmlinux; CONFIG_DEBUG_INFO_BTF is off), which Ember's user-stack walker needs");
+    }
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut version = release.trim().split(['.', '-']).map(|n| n.parse::<u32>().unwrap_or(0));
+    if (version.next().unwrap_or(0), version.next().unwrap_or(0)) < (5, 17) {
+        bail!("kernel {} is too old: Ember needs 5.17 or later (its user-stack walker uses bpf_loop)", release.trim());
     }
     ensure_tracefs()
 }

@@ -34,6 +34,11 @@ impl CompactTable {
         Ok(CompactTable { base, rows, pages, segments: table.segments })
     }
 
+    /// Kernel memory the table takes: its rows and page index.
+    pub fn kernel_bytes(&self) -> usize {
+        size_of_val(&self.rows[..]) + size_of_val(&self.pages[..])
+    }
+
     /// What to subtract from an address in a mapping of the file (starting at `start`, from
     /// `file_offset`) to get a row address; None if no segment is loaded from there.
     pub fn bias(&self, start: u64, file_offset: u64) -> Option<u64> {

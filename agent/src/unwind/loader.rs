@@ -126,6 +126,7 @@ impl Unwinder {
     }
 
     fn build(&mut self, file: &MappedFile) -> Table {
+        tracing::debug!(path = %file.path.display(), key = ?file.key, "building an unwind table");
         let started = Instant::now();
         let table = match table_of_file(&file.path).and_then(CompactTable::of) {
             Ok(table) if !table.rows.is_empty() => table,

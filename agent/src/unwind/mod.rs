@@ -12,6 +12,7 @@ use std::{fs::File, path::Path};
 
 use anyhow::{Context as _, Result};
 
+pub use compact::CompactTable;
 pub use loader::{MappedFile, TableKey, Unwinder};
 pub use table::{Rule, UnwindTable};
 

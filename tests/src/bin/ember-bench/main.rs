@@ -1,4 +1,4 @@
-//! `ember-bench oncpu | offcpu | net | transport`, run by `cargo xtask bench` after the release
+//! `ember-bench oncpu | offcpu | net | transport | unwind`, run by `cargo xtask bench` after the release
 //! build: Ember and its peers on the same workload, in one command, measured the same way from
 //! /proc: CPU over a steady-state window, peak RSS, and (with kernel.bpf_stats_enabled) the run
 //! time of each profiler's BPF programs and the memory of its maps.
@@ -6,6 +6,7 @@ mod net;
 mod offcpu;
 mod oncpu;
 mod transport;
+mod unwind;
 
 use std::{
     fs,
@@ -20,7 +21,7 @@ use anyhow::{bail, Context as _, Result};
 #[command(name = "cargo xtask bench")]
 struct BenchArgs {
     /// Which benchmark.
-    #[arg(value_parser = ["oncpu", "offcpu", "net", "transport"])]
+    #[arg(value_parser = ["oncpu", "offcpu", "net", "transport", "unwind"])]
     which: String,
     /// Length of the measured window per run.
     #[arg(long, default_value_t = 20)]
@@ -48,6 +49,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         "offcpu" => offcpu::run(args.seconds),
         "net" => net::run(args.seconds),
         "transport" => transport::run(),
+        "unwind" => unwind::run(),
         other => bail!("unknown benchmark {other}"),
     }
 }
