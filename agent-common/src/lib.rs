@@ -234,6 +234,12 @@ pub struct ExecMapping {
     pub pages: u32,
 }
 
+impl ExecMapping {
+    pub fn covers(&self, pc: u64) -> bool {
+        self.start <= pc && pc < self.end
+    }
+}
+
 /// Bytes of code per page index entry.
 pub const UNWIND_PAGE: u64 = 4096;
 

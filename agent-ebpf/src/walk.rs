@@ -229,11 +229,12 @@ fn caller(walk: &mut Walk, pc: u64) -> Result<(u64, u64, u64), u32> {
 /// or `at` is not word aligned, the words are read on their own.
 #[inline(always)]
 fn read_pair(walk: &mut Walk, at: u64) -> Result<[u64; 2], u32> {
-    if at & 7 == 0 && !(walk.window_start <= at && at + 16 <= walk.window_end) {
+    let held = |walk: &Walk| at & 7 == 0 && walk.window_start <= at && at + 16 <= walk.window_end;
+    if at & 7 == 0 && !held(walk) {
         let copied = unsafe { bpf_probe_read_user_raw(walk.window as *mut c_void, WINDOW_BYTES as u32, at as *const c_void) };
         (walk.window_start, walk.window_end) = if copied == 0 { (at, at + WINDOW_BYTES) } else { (0, 0) };
     }
-    if at & 7 == 0 && walk.window_start <= at && at + 16 <= walk.window_end {
+    if held(walk) {
         let index = ((at - walk.window_start) / 8) as usize & (WINDOW_WORDS - 1);
         let words = unsafe { &(*walk.window).words };
         return Ok([*words.get(index).ok_or(unwind_stop::READ_FAULT)?, *words.get(index + 1).ok_or(unwind_stop::READ_FAULT)?]);
@@ -246,13 +247,13 @@ fn read_pair(walk: &mut Walk, at: u64) -> Result<[u64; 2], u32> {
 #[inline(always)]
 fn caller_frame(walk: &mut Walk, pc: u64) -> Result<(u64, Option<u64>), u32> {
     // Neighbouring frames are often in one file: try the last frame's mapping first.
-    if !(walk.mapping.start <= pc && pc < walk.mapping.end) {
+    if !walk.mapping.covers(pc) {
         if let Some(mapping) = find_mapping(&walk.mappings, pc) {
             walk.mapping = mapping;
         }
     }
     let mapping = walk.mapping;
-    if !(mapping.start <= pc && pc < mapping.end) || mapping.rows == 0 {
+    if !mapping.covers(pc) || mapping.rows == 0 {
         // No table (JIT code, a binary left out of the budget, a process not loaded yet):
         // the frame pointer, where a zero rbp marks the outermost frame.
         if walk.bp == 0 {
@@ -286,7 +287,7 @@ fn find_mapping(mappings: &ProcessMappings, pc: u64) -> Option<ExecMapping> {
         Some(MAPPINGS.get(mappings.first + i)?.start)
     }, pc)?;
     let mapping = *MAPPINGS.get(mappings.first + last)?;
-    (mapping.start <= pc && pc < mapping.end).then_some(mapping)
+    mapping.covers(pc).then_some(mapping)
 }
 
 /// The last of a table's rows that starts at or before `pc`, searched for among the rows of

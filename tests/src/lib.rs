@@ -424,6 +424,22 @@ pub fn kind_path(path: &Path, kind: &str) -> PathBuf {
     path.with_file_name(name)
 }
 
+/// The samples of a `perf record` file as `perf script` prints them, with the `header` field
+/// (e.g. "pid" or "comm") before each call chain: (header, function names leaf first).
+pub fn perf_script(data: &Path, header: &str) -> anyhow::Result<Vec<(String, Vec<String>)>> {
+    let out = Command::new("perf").args(["script", "-F", &format!("{header},ip,sym"), "-i"]).arg(data).output()?;
+    anyhow::ensure!(out.status.success(), "perf script: {}", String::from_utf8_lossy(&out.stderr));
+    let samples = String::from_utf8_lossy(&out.stdout)
+        .split("\n\n")
+        .filter_map(|block| {
+            let mut lines = block.lines().filter(|l| !l.trim().is_empty());
+            let header = lines.next()?.trim().to_string();
+            Some((header, lines.filter_map(|l| l.split_whitespace().nth(1).map(str::to_string)).collect()))
+        })
+        .collect();
+    Ok(samples)
+}
+
 /// One frame of a decoded sample, leaf first.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {

@@ -16,7 +16,7 @@ use std::{
 use ember_tests::{
     fetch_metrics, kind_path, metric,
     nofp::{self, PHASES},
-    record_fixtures, require_root, transport::free_address, wait_for_metric, Agent, Decoded, Fixture, Sample, TempDir,
+    perf_script, record_fixtures, require_root, transport::free_address, wait_for_metric, Agent, Decoded, Fixture, Sample, TempDir,
 };
 
 const SECONDS: f64 = 6.0;
@@ -35,20 +35,6 @@ fn perf_dwarf(pids: &[u32], out: &Path) -> Child {
     // perf attaches within a few hundred milliseconds; the fixtures wait for their start.
     std::thread::sleep(Duration::from_secs(2));
     child
-}
-
-/// perf's stacks by pid: function names, leaf first.
-fn perf_stacks(data: &Path) -> Vec<(u32, Vec<String>)> {
-    let out = Command::new("perf").args(["script", "-F", "pid,ip,sym", "-i"]).arg(data).output().expect("running perf script");
-    assert!(out.status.success(), "perf script: {}", String::from_utf8_lossy(&out.stderr));
-    let mut stacks = Vec::new();
-    for block in String::from_utf8_lossy(&out.stdout).split("\n\n") {
-        let mut lines = block.lines().filter(|l| !l.trim().is_empty());
-        let Some(pid) = lines.next().and_then(|l| l.trim().parse().ok()) else { continue };
-        let frames = lines.filter_map(|l| l.split_whitespace().nth(1).map(str::to_string)).collect();
-        stacks.push((pid, frames));
-    }
-    stacks
 }
 
 fn wait_or_stop(mut perf: Child) {
@@ -112,7 +98,11 @@ fn stacks_without_frame_pointers_are_complete_and_split_time_truthfully() {
     }
     let (out, runs) = record_fixtures(&dir, fixtures, SECONDS, &args);
     wait_or_stop(perf);
-    let perf = perf_stacks(&perf_data);
+    let perf: Vec<(u32, Vec<String>)> = perf_script(&perf_data, "pid")
+        .expect("reading perf's samples")
+        .into_iter()
+        .filter_map(|(pid, frames)| Some((pid.parse().ok()?, frames)))
+        .collect();
     let cpu = Decoded::read(&kind_path(&out, "cpu"));
 
     // Complete stacks: as often as perf's DWARF unwinding, per fixture.

@@ -1,19 +1,25 @@
 //! The walker's form of a table: 8-byte rows (`agent_common::UnwindRow`) with addresses
-//! relative to the table's first row, and a page index into them. Rules that do not fit the compact form (offsets beyond
-//! 16 bits, rbp saved off an 8-byte slot) become `UNSUPPORTED` rows: a walk stops there
-//! rather than follow a wrong caller.
+//! relative to the table's first row, and a page index into them. Rules that do not fit the
+//! compact form (offsets beyond 16 bits, rbp saved off an 8-byte slot) become `UNSUPPORTED`
+//! rows: a walk stops there rather than follow a wrong caller.
 use agent_common::{row_kind, PageRows, UnwindRow, MAX_TABLE_ROWS, UNWIND_PAGE};
 use anyhow::{ensure, Result};
 
 use super::table::{Rule, Segment, UnwindTable};
 
 pub struct CompactTable {
-    /// Address of the first row: `UnwindRow::pc` is relative to it.
-    pub base: u64,
     pub rows: Vec<UnwindRow>,
     /// Per page of code, the rows that can cover it (`ExecMapping::first_page`).
     pub pages: Vec<PageRows>,
-    pub segments: Vec<Segment>,
+    pub placement: Placement,
+}
+
+/// Where a mapping of the file puts the rows' addresses: all the agent keeps of a table once
+/// its rows are in the kernel.
+pub struct Placement {
+    /// Address of the first row: `UnwindRow::pc` is relative to it.
+    base: u64,
+    segments: Vec<Segment>,
 }
 
 impl CompactTable {
@@ -31,14 +37,16 @@ impl CompactTable {
         }
         ensure!(rows.len() <= MAX_TABLE_ROWS as usize, "{} rows, beyond the walker's {MAX_TABLE_ROWS}", rows.len());
         let pages = page_index(&rows);
-        Ok(CompactTable { base, rows, pages, segments: table.segments })
+        Ok(CompactTable { rows, pages, placement: Placement { base, segments: table.segments } })
     }
 
     /// Kernel memory the table takes: its rows and page index.
     pub fn kernel_bytes(&self) -> usize {
         size_of_val(&self.rows[..]) + size_of_val(&self.pages[..])
     }
+}
 
+impl Placement {
     /// What to subtract from an address in a mapping of the file (starting at `start`, from
     /// `file_offset`) to get a row address; None if no segment is loaded from there.
     pub fn bias(&self, start: u64, file_offset: u64) -> Option<u64> {

@@ -7,7 +7,11 @@ use std::{collections::HashMap, path::PathBuf, time::Instant};
 use agent_common::{ExecMapping, MAX_MAPPINGS};
 use anyhow::{Context as _, Result};
 
-use super::{compact::CompactTable, space::Space, table_of_file};
+use super::{
+    compact::{CompactTable, Placement},
+    space::Space,
+    table_of_file,
+};
 use crate::{kernel::UnwindMaps, ops::metrics};
 
 /// What identifies an executable's table across processes.
@@ -29,7 +33,9 @@ pub struct MappedFile {
 }
 
 enum Table {
-    Loaded { first_row: u32, first_page: u32, table: CompactTable },
+    /// In the kernel: `rows` rows from `first_row`, `pages` page index entries from
+    /// `first_page`.
+    Loaded { first_row: u32, rows: u32, first_page: u32, pages: u32, placement: Placement },
     /// Walked by frame pointers: the file has no usable table, or it did not fit the budget.
     FramePointers { over_budget: bool },
 }
@@ -62,17 +68,9 @@ impl Unwinder {
     pub fn load_process(&mut self, tgid: u32, files: &[MappedFile]) -> Result<()> {
         let mut mappings = Vec::new();
         for file in files {
-            let Table::Loaded { first_row, first_page, table } = self.table(file) else { continue };
-            let Some(bias) = table.bias(file.start, file.file_offset) else { continue };
-            mappings.push(ExecMapping {
-                start: file.start,
-                end: file.end,
-                bias,
-                first_row: *first_row,
-                rows: table.rows.len() as u32,
-                first_page: *first_page,
-                pages: table.pages.len() as u32,
-            });
+            let &Table::Loaded { first_row, rows, first_page, pages, ref placement } = self.table(file) else { continue };
+            let Some(bias) = placement.bias(file.start, file.file_offset) else { continue };
+            mappings.push(ExecMapping { start: file.start, end: file.end, bias, first_row, rows, first_page, pages });
         }
         if mappings.len() > MAX_MAPPINGS as usize {
             metrics::add("ember_unwind_mappings_dropped_total", &[], (mappings.len() - MAX_MAPPINGS as usize) as f64);
@@ -106,9 +104,9 @@ impl Unwinder {
         let (rows, pages) = (&mut self.rows, &mut self.pages);
         self.tables.retain(|key, table| {
             let keep = live(key);
-            if let (false, Table::Loaded { first_row, first_page, table }) = (keep, &table) {
-                rows.give_back(*first_row, table.rows.len() as u32);
-                pages.give_back(*first_page, table.pages.len() as u32);
+            if let (false, &Table::Loaded { first_row, rows: row_count, first_page, pages: page_count, .. }) = (keep, &*table) {
+                rows.give_back(first_row, row_count);
+                pages.give_back(first_page, page_count);
             }
             keep
         });
@@ -153,7 +151,7 @@ impl Unwinder {
             self.pages.give_back(first_page, pages);
             return Table::FramePointers { over_budget: false };
         }
-        Table::Loaded { first_row, first_page, table }
+        Table::Loaded { first_row, rows, first_page, pages, placement: table.placement }
     }
 
     fn publish(&self) {

@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use ember_tests::{nofp, Decoded};
+use ember_tests::{nofp, perf_script, Decoded};
 
 use super::{opt, release_bin, Profiler as Running};
 
@@ -250,18 +250,9 @@ fn stacks(profiler: Profiler, comm: &str, dir: &Path) -> Vec<(Vec<String>, u64)>
             }
         }
         Profiler::Perf => {
-            let out = Command::new("perf")
-                .args(["script", "-F", "comm,ip,sym", "-i"])
-                .arg(dir.join("perf.data"))
-                .stderr(Stdio::null())
-                .output();
-            let stdout = out.map(|o| o.stdout).unwrap_or_default();
-            for block in String::from_utf8_lossy(&stdout).split("\n\n") {
-                let mut lines = block.trim_start().lines();
-                if lines.next().is_some_and(|header| header.trim() == comm) {
-                    stacks.push((lines.filter_map(|l| l.split_whitespace().nth(1)).map(bare).collect(), 1));
-                }
-            }
+            // No samples where perf script fails: the judged column says so.
+            let samples = perf_script(&dir.join("perf.data"), "comm").unwrap_or_default();
+            stacks.extend(samples.into_iter().filter(|(header, _)| header == comm).map(|(_, frames)| (frames, 1)));
         }
         Profiler::Bpftrace => {
             let text = fs::read_to_string(dir.join("bpftrace.out")).unwrap_or_default();
