@@ -16,9 +16,12 @@ use super::{opt, release_bin, Profiler as Running};
 
 /// Before measuring, each profiler attaches (bpftrace compiles its script), sees the workload
 /// binaries once (a short priming run), and Ember completes its first 10 s interval, whose
-/// symbolization starts with cold caches. The window after it is the steady state a host
+/// symbolization starts with cold caches (the window waits for its first profile: Ember's
+/// start-up, mostly the verifier, delays it). The window after it is the steady state a host
 /// running the profiler all the time pays; the warm-up's cost is reported as start-up CPU.
 const WARM_UP: Duration = Duration::from_secs(12);
+/// How long Ember's first profile may take to appear before the run is abandoned.
+const FIRST_PROFILE: Duration = Duration::from_secs(60);
 const PRIMING: Duration = Duration::from_secs(2);
 /// Busy workload processes: one per CPU of the 2-core reference machine.
 const WORKERS: usize = 2;
@@ -211,6 +214,9 @@ fn measure(profiler: Profiler, workload: &Workload, hz: u64, window: Duration, b
     let started = std::time::Instant::now();
     run_workload(workload, PRIMING)?;
     std::thread::sleep(WARM_UP.saturating_sub(started.elapsed()));
+    if profiler == Profiler::Ember {
+        wait_for_profile(&dir.join("profiles"))?;
+    }
     let before = profiler_process.snapshot()?;
     let started = std::time::Instant::now();
     let throughput = run_workload(workload, window)?;
@@ -232,6 +238,16 @@ fn measure(profiler: Profiler, workload: &Workload, hz: u64, window: Duration, b
     };
     let _ = fs::remove_dir_all(&dir);
     Ok(row)
+}
+
+/// Waits until Ember has written a profile to `dir`.
+fn wait_for_profile(dir: &Path) -> Result<()> {
+    let started = std::time::Instant::now();
+    while fs::read_dir(dir).map_or(true, |mut entries| entries.next().is_none()) {
+        anyhow::ensure!(started.elapsed() < FIRST_PROFILE, "ember-agent wrote no profile within {FIRST_PROFILE:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
 }
 
 /// The workload's stacks (function names, leaf first) with their counts, from each
