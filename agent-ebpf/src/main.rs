@@ -338,40 +338,46 @@ fn switch_in(set: &BufferSet, pid: u32, now: u64) {
     record(set, &start.key, ratio, blocked * ratio);
 }
 
-/// A network event on the current task: packets and bytes by stack and device.
+/// A network event: packets and bytes by stack and device, on the current task or, for a
+/// transmit, on the socket's last sender. Filters apply to whom the event is attributed to:
+/// a sender's data often leaves from softirq on another task, which must not filter it out.
 #[inline(always)]
 fn record_net(ctx: &TracePointContext, event_kind: u8) -> u32 {
     let set = active_set();
+    let layouts = config(&NET_LAYOUTS);
+    let Some(layout) = layouts.get((event_kind - kind::FIRST_NET) as usize) else { return 0 };
+    let len: u32 = if layout.len != FieldLayout::ABSENT { field(ctx, layout.len) } else { 0 };
+    let mut device = [0u8; IFNAMSIZ];
+    if layout.name != FieldLayout::ABSENT {
+        // __data_loc: low 16 bits are the string's offset in the record, high 16 its length.
+        let loc: u32 = field(ctx, layout.name);
+        let name = unsafe { (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize) };
+        let _ = unsafe { bpf_probe_read_kernel_str_bytes(name, &mut device) };
+    }
+    let transmit = event_kind == kind::NET_DEV_QUEUE || event_kind == kind::NET_DEV_XMIT;
+    if transmit {
+        // The owner passed the filters when it sent (`sock_send_length`).
+        if let Some(owner) = socket_owner(ctx, layout, &set) {
+            let mut attributed = owner.key;
+            attributed.kind = event_kind;
+            attributed.device = device;
+            attributed.aux = attribution::SOCKET_OWNER;
+            bump(set.counters, counter::NET_EVENTS);
+            record(&set, &attributed, 1, len as u64);
+            return 0;
+        }
+    }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !passes_filters(tgid) {
         bump(set.counters, counter::FILTERED);
         return 0;
     }
-    let layouts = config(&NET_LAYOUTS);
-    let Some(layout) = layouts.get((event_kind - kind::FIRST_NET) as usize) else { return 0 };
     let mut key = current_key(event_kind, &set);
-    let len: u32 = if layout.len != FieldLayout::ABSENT { field(ctx, layout.len) } else { 0 };
-    if layout.name != FieldLayout::ABSENT {
-        // __data_loc: low 16 bits are the string's offset in the record, high 16 its length.
-        let loc: u32 = field(ctx, layout.name);
-        let name = unsafe { (ctx.as_ptr() as *const u8).add((loc & 0xffff) as usize) };
-        let _ = unsafe { bpf_probe_read_kernel_str_bytes(name, &mut key.device) };
-    }
+    key.device = device;
     if layout.reason != FieldLayout::ABSENT {
         key.aux = field(ctx, layout.reason);
     }
     bump(set.counters, counter::NET_EVENTS);
-    let transmit = event_kind == kind::NET_DEV_QUEUE || event_kind == kind::NET_DEV_XMIT;
-    if transmit {
-        if let Some(owner) = socket_owner(ctx, layout, &set) {
-            let mut attributed = owner.key;
-            attributed.kind = event_kind;
-            attributed.device = key.device;
-            attributed.aux = attribution::SOCKET_OWNER;
-            record(&set, &attributed, 1, len as u64);
-            return 0;
-        }
-    }
     key.user_stack_id = walk::user_stack_id(&set, tgid, None);
     key.kernel_stack_id = kernel_stack_id(ctx, &set);
     record(&set, &key, 1, len as u64);

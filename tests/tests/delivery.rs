@@ -1,7 +1,7 @@
 //! Push delivery never stalls and never drops what it did not deliver: a real agent pushes
 //! to a real collector over loopback through every cause of a gap in its sequence numbers
 //! (spool overflow, a refused profile, a renamed agent, a wiped spool, a collector killed
-//! mid-batch). Afterwards the collector holds exactly the profiles that were not deliberately
+//! mid-batch, an agent killed mid-write with a spool file damaged on disk). Afterwards the collector holds exactly the profiles that were not deliberately
 //! dropped, each once, and every dropped one is counted. Needs root (the agent loads BPF).
 use std::{
     collections::HashMap,
@@ -171,4 +171,53 @@ fn a_collector_killed_mid_batch_loses_nothing_and_stores_nothing_twice() {
     collector.stop();
     let expected: Vec<u64> = (1..next_sequence(&spool)).collect();
     assert_eq!(held_sequences(&data), expected, "every profile exactly once");
+}
+
+/// The spooled profiles' sequence numbers and files, oldest first.
+fn spooled(spool: &Path) -> Vec<(u64, std::path::PathBuf)> {
+    let mut files: Vec<_> = std::fs::read_dir(spool)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let path = e.path();
+            let sequence = path.extension().filter(|x| *x == "profile").and(path.file_stem())?.to_str()?.parse().ok()?;
+            Some((sequence, path))
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn an_agent_killed_mid_write_loses_nothing_spooled_and_quarantines_a_damaged_file() {
+    require_root();
+    let dir = TempDir::new("agent-killed");
+    let (address, data, spool, http) = (free_address(), dir.path("data"), dir.path("spool"), free_address());
+    // No collector: every interval is spooled. The agent is killed (SIGKILL) at different
+    // moments of its writing, then a spooled file is damaged on disk (one bit flipped).
+    for life in [1500, 2300, 3100] {
+        let agent = push_agent(address, &spool, "agent-killed", &[]);
+        std::thread::sleep(Duration::from_millis(life));
+        drop(agent);
+    }
+    let before = spooled(&spool);
+    assert!(before.len() >= 3, "{} profiles spooled by the killed agents", before.len());
+    let (damaged, damaged_path) = before[1].clone();
+    let mut bytes = std::fs::read(&damaged_path).unwrap();
+    *bytes.last_mut().unwrap() ^= 1;
+    std::fs::write(&damaged_path, bytes).unwrap();
+    let first_new = next_sequence(&spool);
+
+    let collector = CollectorProcess::start(address, &data);
+    let agent = push_agent(address, &spool, "agent-killed", &["--http", &http.to_string()]);
+    wait_until("the spool empties", Duration::from_secs(30), || spool_is_empty(&spool));
+    let corrupt = metric(http, "ember_lost_total{reason=\"spool_corrupt\",sink=\"collector\"}");
+    stop_agent(agent);
+    collector.stop();
+    assert_eq!(corrupt, 1.0, "the damaged file is counted");
+    assert!(spool.join("quarantine").join(damaged_path.file_name().unwrap()).exists(), "the damaged file is kept aside");
+    // Every file the killed agents had spooled arrived (but the damaged one), and everything after.
+    let mut expected: Vec<u64> = before.iter().map(|(s, _)| *s).filter(|s| *s != damaged).collect();
+    expected.extend(first_new..next_sequence(&spool));
+    assert_eq!(held_sequences(&data), expected, "every valid profile exactly once");
 }

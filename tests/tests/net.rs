@@ -5,6 +5,9 @@ use std::process::Command;
 use ember_tests::{kind_path, record_fixtures, require_root, Decoded, Fixture, NetnsPair, TempDir};
 
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
+/// Held by each test that transfers over loopback: host-wide profiles of `lo` would count the
+/// other's bytes too.
+static LOOPBACK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 const BYTES: u64 = 8 << 20;
 /// Ethernet (14) + IPv4 (20) + TCP with timestamps (32): what each transmitted skb carries
 /// besides payload. Received skbs have the Ethernet header pulled already.
@@ -60,6 +63,7 @@ fn check_transfer(tx: &Decoded, rx: &Decoded, sender_pid: u32, tx_device: &str, 
 #[test]
 fn loopback_transfer_is_attributed_to_the_sender_and_counted_per_device() {
     require_root();
+    let _loopback = LOOPBACK.lock().unwrap_or_else(|e| e.into_inner());
     let dir = TempDir::new("net-lo");
     let address = format!("127.0.0.1:{}", 40000 + std::process::id() % 20000);
     let receiver = Fixture::spawn_with(Command::new(FIXTURE), "tcp-recv", 3.0, &[&address]);
@@ -80,6 +84,34 @@ fn veth_transfer_between_namespaces_is_attributed_per_device() {
     let sender = Fixture::spawn_with(NetnsPair::command(&pair.a, FIXTURE), "tcp-send", 3.0, &[&address, &BYTES.to_string()]);
     let (tx, rx, sender_pid) = transfer(&dir, receiver, sender);
     check_transfer(&tx, &rx, sender_pid, "ember-va", "ember-vb");
+}
+
+/// With `--pid`, a sender's transmits that leave from softirq on another task (as ACKs
+/// arrive) are still the sender's: the filter applies to the socket's owner.
+#[test]
+fn pid_filter_keeps_transmits_sent_from_softirq_on_other_tasks() {
+    require_root();
+    let _loopback = LOOPBACK.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = TempDir::new("net-pid");
+    let address = format!("127.0.0.1:{}", 40000 + (std::process::id() + 7) % 20000);
+    // A slow reader: the sender's window fills, and most data leaves when the receiver's
+    // reads open it again, from softirq on the receiver's task.
+    let receiver = Fixture::spawn_with(Command::new(FIXTURE), "tcp-recv", 3.0, &[&address, "500"]);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let sender = Fixture::spawn_with(Command::new(FIXTURE), "tcp-send", 3.0, &[&address, &BYTES.to_string()]);
+    let sender_pid = sender.pid().to_string();
+    let args = ["--events", "net", "--net-events", "net:net_dev_queue", "--pid", &sender_pid];
+    let (out, runs) = record_fixtures(&dir, vec![receiver, sender], 3.0, &args);
+    assert_eq!(runs[0].lines[0][0], BYTES, "the receiver got every byte");
+    let tx = Decoded::read(&out);
+    let sent: Vec<_> = tx
+        .samples_labelled("pid", &sender_pid)
+        .into_iter()
+        .filter(|s| s.labels.get("attributed_to").map(String::as_str) == Some("socket-owner"))
+        .collect();
+    assert_close("transmit by the sender with --pid", payload(&sent, TX_HEADERS), BYTES);
+    let others = tx.samples.iter().filter(|s| s.labels.get("pid").is_some_and(|p| *p != sender_pid)).count();
+    assert_eq!(others, 0, "samples of other processes passed the pid filter");
 }
 
 #[test]

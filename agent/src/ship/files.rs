@@ -1,8 +1,10 @@
 //! Local files: where an interval's profile and its views go, and how they are written. Files
-//! appear whole (written aside, then renamed), so a collector or a person never reads a
-//! half-written profile. The pipeline writes them; the spool writes its entries the same way.
+//! appear whole (written aside, synced, then renamed, and the directory synced), so a
+//! collector or a person never reads a half-written profile, and a written file survives a
+//! crash or power loss. The pipeline writes them; the spool writes its entries the same way.
 use std::{
     fs,
+    io::Write as _,
     path::{Path, PathBuf},
     time::{SystemTime, UNIX_EPOCH},
 };
@@ -39,10 +41,21 @@ pub fn with_kind(path: &Path, kind: &str) -> PathBuf {
     path.with_file_name(format!("{stem}-{kind}{extension}"))
 }
 
+/// Suffix of a file being written: one left behind was interrupted (see `write_atomic`).
+pub const PARTIAL: &str = "tmp";
+
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
-    fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+    let tmp = PathBuf::from(format!("{}.{PARTIAL}", path.display()));
+    let write = || -> std::io::Result<()> {
+        let mut file = fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()
+    };
+    write().with_context(|| format!("writing {}", tmp.display()))?;
+    fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    // The rename itself is durable only once the directory is.
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    fs::File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("syncing directory {}", dir.display()))
 }
 
 /// "20261121T054007.123Z": sortable, readable, no dependency on a date crate.

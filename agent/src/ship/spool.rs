@@ -2,6 +2,11 @@
 //! the collector is down or when the agent restarts; the pusher sends the oldest first and
 //! deletes what the collector has stored. The spool is bounded: past its size the oldest
 //! profiles are dropped, and counted.
+//!
+//! A profile counts as spooled once its file is synced to disk under its final name (see
+//! `write_atomic`). Each file carries a checksum: one damaged on disk is moved to
+//! `quarantine/` and counted, never sent and never left to block the files after it. A write
+//! a crash interrupted leaves a `.tmp` file, removed (and counted) at the next start.
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -12,13 +17,18 @@ use anyhow::{Context as _, Result};
 use ember_proto::ember::Profile;
 use prost::Message;
 
-use super::files::write_atomic;
+use super::files::{write_atomic, PARTIAL};
 use crate::ops::metrics;
 
 const NEXT_SEQUENCE: &str = "next-sequence";
 /// The spool's random id: sequence numbers count within it (see ember.proto).
 const SPOOL_ID: &str = "spool-id";
 const EXTENSION: &str = "profile";
+const QUARANTINE: &str = "quarantine";
+/// A spool file: MAGIC, the encoded profile's length and CRC-32 (little-endian u32s), then
+/// the profile. Files without MAGIC are bare profiles (spools written before the checksum).
+const MAGIC: &[u8; 8] = b"EMBSPL01";
+const HEADER: usize = MAGIC.len() + 8;
 
 pub struct Spool {
     /// The sink it feeds ("collector", "pull", "otlp"), for logs and metrics.
@@ -40,6 +50,7 @@ struct State {
 impl Spool {
     pub fn open(dir: &Path, sink: &'static str, max_bytes: u64, max_count: usize) -> Result<Spool> {
         fs::create_dir_all(dir).with_context(|| format!("creating spool directory {}", dir.display()))?;
+        Self::remove_interrupted(dir, sink)?;
         let stored = fs::read_to_string(dir.join(NEXT_SEQUENCE)).ok().and_then(|s| s.trim().parse().ok());
         // The counter file is written before any profile file, so it is never behind; the
         // scan only matters if it was lost.
@@ -69,6 +80,34 @@ impl Spool {
         self.id
     }
 
+    /// Removes writes a crash interrupted: their profiles never counted as spooled, and were
+    /// lost with the process that was writing them.
+    fn remove_interrupted(dir: &Path, sink: &'static str) -> Result<()> {
+        for entry in fs::read_dir(dir).with_context(|| format!("reading spool {}", dir.display()))?.flatten() {
+            let (path, name) = (entry.path(), entry.file_name().to_string_lossy().into_owned());
+            if !name.ends_with(&format!(".{PARTIAL}")) {
+                continue;
+            }
+            fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+            if name.ends_with(&format!(".{EXTENSION}.{PARTIAL}")) {
+                metrics::add("ember_lost_total", &[("reason", "spool_write_interrupted"), ("sink", sink)], 1.0);
+                tracing::warn!(sink, file = %path.display(), "a profile's spool write was interrupted (crash): removed its partial file");
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves a damaged file out of the spool, where a person can look at it.
+    fn quarantine(&self, path: &Path, error: &str) -> Result<()> {
+        let dir = self.dir.join(QUARANTINE);
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let to = dir.join(path.file_name().unwrap_or_default());
+        fs::rename(path, &to).with_context(|| format!("moving {} to {}", path.display(), to.display()))?;
+        metrics::add("ember_lost_total", &[("reason", "spool_corrupt"), ("sink", self.sink)], 1.0);
+        tracing::error!(sink = self.sink, file = %to.display(), "corrupt spool file moved aside, not sent: {error}");
+        Ok(())
+    }
+
     /// Spooled files, oldest first.
     fn files(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
         let mut files: Vec<(u64, PathBuf)> = fs::read_dir(dir)
@@ -91,7 +130,7 @@ impl Spool {
         state.next_sequence += 1;
         write_atomic(&self.dir.join(NEXT_SEQUENCE), state.next_sequence.to_string().as_bytes())?;
         let path = self.dir.join(format!("{:020}.{EXTENSION}", profile.sequence));
-        write_atomic(&path, &profile.encode_to_vec())?;
+        write_atomic(&path, &encode(&profile))?;
         let mut files = Self::files(&self.dir)?;
         let mut total = bytes(&files);
         while (total > self.max_bytes || files.len() > self.max_count) && files.len() > 1 {
@@ -121,18 +160,22 @@ impl Spool {
         self.after(0, limit)
     }
 
-    /// Up to `limit` spooled profiles numbered after `sequence`, oldest first.
+    /// Up to `limit` spooled profiles numbered after `sequence`, oldest first. Damaged files
+    /// are quarantined on the way.
     pub fn after(&self, sequence: u64, limit: usize) -> Result<Vec<Profile>> {
         let _state = self.state.lock().expect("spool lock");
-        Self::files(&self.dir)?
-            .into_iter()
-            .filter(|(seq, _)| *seq > sequence)
-            .take(limit)
-            .map(|(_, path)| {
-                let bytes = fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-                Profile::decode(&bytes[..]).with_context(|| format!("corrupt spool file {}", path.display()))
-            })
-            .collect()
+        let mut profiles = Vec::new();
+        for (_, path) in Self::files(&self.dir)?.into_iter().filter(|(seq, _)| *seq > sequence) {
+            if profiles.len() == limit {
+                break;
+            }
+            let bytes = fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+            match decode(&bytes) {
+                Ok(profile) => profiles.push(profile),
+                Err(error) => self.quarantine(&path, &error)?,
+            }
+        }
+        Ok(profiles)
     }
 
     /// Forgets these profiles (those still spooled); returns how many it removed.
@@ -152,6 +195,35 @@ impl Spool {
     }
 }
 
+fn encode(profile: &Profile) -> Vec<u8> {
+    let body = profile.encode_to_vec();
+    let mut bytes = Vec::with_capacity(HEADER + body.len());
+    bytes.extend_from_slice(MAGIC);
+    bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    bytes.extend_from_slice(&body);
+    bytes
+}
+
+fn decode(bytes: &[u8]) -> Result<Profile, String> {
+    let word = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes"));
+    let body = match bytes.strip_prefix(MAGIC) {
+        Some(rest) if rest.len() >= 8 => {
+            let (length, crc, body) = (word(&rest[..4]), word(&rest[4..8]), &rest[8..]);
+            if body.len() != length as usize {
+                return Err(format!("{} bytes of profile, the header says {length}", body.len()));
+            }
+            if crc32fast::hash(body) != crc {
+                return Err("checksum mismatch".into());
+            }
+            body
+        }
+        Some(_) => return Err("truncated header".into()),
+        None => bytes,
+    };
+    Profile::decode(body).map_err(|e| format!("undecodable profile: {e}"))
+}
+
 /// Total size of spooled files.
 fn bytes(files: &[(u64, PathBuf)]) -> u64 {
     files.iter().filter_map(|(_, p)| fs::metadata(p).ok()).map(|m| m.len()).sum()
@@ -163,6 +235,33 @@ mod tests {
 
     fn profile(bytes: usize) -> Profile {
         Profile { kind: "cpu".into(), pprof_gzip: vec![1; bytes], ..Default::default() }
+    }
+
+    #[test]
+    fn damaged_files_are_quarantined_and_interrupted_writes_removed() {
+        let dir = std::env::temp_dir().join(format!("ember-spool-damage-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let spool = Spool::open(&dir, "test", u64::MAX, usize::MAX).unwrap();
+        for _ in 0..4 {
+            spool.append(profile(100)).unwrap();
+        }
+        let file = |seq: u64| dir.join(format!("{seq:020}.{EXTENSION}"));
+        // One bit flipped in profile 2's body; profile 3 cut short.
+        let mut bytes = fs::read(file(2)).unwrap();
+        bytes[HEADER + 10] ^= 0x10;
+        fs::write(file(2), bytes).unwrap();
+        let bytes = fs::read(file(3)).unwrap();
+        fs::write(file(3), &bytes[..bytes.len() - 1]).unwrap();
+        fs::write(dir.join(format!("{:020}.{EXTENSION}.{PARTIAL}", 5)), b"half").unwrap();
+        let spool = Spool::open(&dir, "test", u64::MAX, usize::MAX).unwrap();
+        assert!(!dir.join(format!("{:020}.{EXTENSION}.{PARTIAL}", 5)).exists(), "the interrupted write is removed");
+        let sent: Vec<u64> = spool.oldest(10).unwrap().iter().map(|p| p.sequence).collect();
+        assert_eq!(sent, [1, 4], "the damaged files do not block the ones after them");
+        let quarantined: Vec<String> =
+            fs::read_dir(dir.join(QUARANTINE)).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        assert_eq!(quarantined.len(), 2, "{quarantined:?}");
+        assert_eq!(spool.append(profile(10)).unwrap(), 5, "numbering goes on past the quarantined files");
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

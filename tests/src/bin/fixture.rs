@@ -16,7 +16,8 @@
 //! - `sleepers`: ARGS[0] threads `sleeper`, each looping on nanosleep(10 ms). Prints nothing.
 //! - `half`: thread `half_busy` alternates 10 ms of CPU and 10 ms of sleep. Prints
 //!   "<tid> <wall ns> <cpu ns>".
-//! - `tcp-recv`: accepts one connection on ARGS[0] (addr:port), reads until EOF. Prints bytes.
+//! - `tcp-recv`: accepts one connection on ARGS[0] (addr:port), reads until EOF (pausing
+//!   ARGS[1] microseconds after each read of up to 64 KiB, if given). Prints bytes.
 //! - `tcp-send`: connects to ARGS[0], sends ARGS[1] bytes from `send_all`, closes. Prints
 //!   "<tid> <bytes>".
 //! - `udp-closed`: sends ARGS[0] datagrams of 100 bytes to 127.0.0.1:9 (nothing listens).
@@ -213,11 +214,15 @@ fn main() {
         "half" => println!("{}", std::thread::spawn(move || half_busy(deadline)).join().unwrap()),
         "tcp-recv" => {
             let (mut stream, _) = listener.expect("bound above").accept().expect("accepting");
+            let pause = rest.get(1).map(|us| Duration::from_micros(us.parse().expect("pause in us")));
             let (mut total, mut buffer) = (0u64, vec![0u8; 1 << 16]);
             loop {
                 match stream.read(&mut buffer).expect("reading") {
                     0 => break,
                     n => total += n as u64,
+                }
+                if let Some(pause) = pause {
+                    std::thread::sleep(pause);
                 }
             }
             println!("{total}");

@@ -17,11 +17,15 @@ use super::{opt, release_bin, Profiler as Running};
 /// Before measuring, each profiler attaches (bpftrace compiles its script), sees the workload
 /// binaries once (a short priming run), and Ember completes its first 10 s interval, whose
 /// symbolization starts with cold caches (the window waits for its first profile: Ember's
-/// start-up, mostly the verifier, delays it). The window after it is the steady state a host
-/// running the profiler all the time pays; the warm-up's cost is reported as start-up CPU.
+/// start-up, mostly the verifier, delays it), and half an interval more, so that a window of
+/// N intervals holds exactly N drains, not N or N+1 by chance. The window is the steady state
+/// a host running the profiler all the time pays; the warm-up's cost is reported as start-up
+/// CPU.
 const WARM_UP: Duration = Duration::from_secs(12);
 /// How long Ember's first profile may take to appear before the run is abandoned.
 const FIRST_PROFILE: Duration = Duration::from_secs(60);
+/// Ember's interval (its default).
+const INTERVAL: Duration = Duration::from_secs(10);
 const PRIMING: Duration = Duration::from_secs(2);
 /// Busy workload processes: one per CPU of the 2-core reference machine.
 const WORKERS: usize = 2;
@@ -126,6 +130,9 @@ struct Row {
 
 pub fn run(seconds: u64, frequencies: &[u64], no_frame_pointers: bool) -> Result<()> {
     let window = Duration::from_secs(seconds);
+    if seconds % INTERVAL.as_secs() != 0 {
+        println!("note: --seconds {seconds} is not a whole number of Ember's {}s intervals: its steady CPU then depends on how many drains the window catches", INTERVAL.as_secs());
+    }
     let built = std::env::temp_dir().join(format!("ember-bench-nofp-{}", std::process::id()));
     let workload = if no_frame_pointers {
         fs::create_dir_all(&built)?;
@@ -206,7 +213,7 @@ fn measure(profiler: Profiler, workload: &Workload, hz: u64, window: Duration, b
         }
         Profiler::Ember => {
             let mut c = Command::new(release_bin("ember-agent"));
-            c.args(["run", "-F", &hz.to_string(), "--output-dir"]).arg(dir.join("profiles"));
+            c.args(["run", "-F", &hz.to_string(), "--interval", &format!("{}s", INTERVAL.as_secs()), "--output-dir"]).arg(dir.join("profiles"));
             c
         }
     };
@@ -216,6 +223,7 @@ fn measure(profiler: Profiler, workload: &Workload, hz: u64, window: Duration, b
     std::thread::sleep(WARM_UP.saturating_sub(started.elapsed()));
     if profiler == Profiler::Ember {
         wait_for_profile(&dir.join("profiles"))?;
+        std::thread::sleep(INTERVAL / 2);
     }
     let before = profiler_process.snapshot()?;
     let started = std::time::Instant::now();
@@ -258,8 +266,11 @@ fn stacks(profiler: Profiler, comm: &str, dir: &Path) -> Vec<(Vec<String>, u64)>
     let bare = |frame: &str| frame.split('+').next().unwrap_or(frame).to_string();
     match profiler {
         Profiler::Ember => {
-            for entry in fs::read_dir(dir.join("profiles")).into_iter().flatten().flatten() {
-                let profile = Decoded::read(&entry.path());
+            // The first profile holds the warm-up (priming run, cold start): the others, the window.
+            let mut files: Vec<PathBuf> = fs::read_dir(dir.join("profiles")).into_iter().flatten().flatten().map(|e| e.path()).collect();
+            files.sort();
+            for path in files.iter().skip(1) {
+                let profile = Decoded::read(path);
                 for sample in profile.samples.iter().filter(|s| s.labels.get("comm").is_some_and(|c| c == comm)) {
                     stacks.push((sample.frames.iter().map(|f| f.function.clone()).collect(), sample.values[0] as u64));
                 }
