@@ -3,7 +3,7 @@
 //! waits on symbolization. `run` and `record` feed it.
 use std::{
     collections::HashSet,
-    sync::mpsc::{self, Sender},
+    sync::mpsc::{self, SyncSender, TrySendError},
     thread::JoinHandle,
 };
 
@@ -42,14 +42,19 @@ struct Job {
     done: Option<mpsc::Sender<Result<Vec<Written>>>>,
 }
 
+/// Intervals that may wait for the pipeline thread. When symbolizing falls this far behind
+/// (a huge binary, a slow disk), newer intervals are shed, and counted, rather than held in
+/// memory without bound.
+const QUEUE: usize = 2;
+
 pub struct Pipeline {
-    jobs: Option<Sender<Job>>,
+    jobs: Option<SyncSender<Job>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Pipeline {
     pub fn spawn(event: &'static str, frequency: u64, shipping: Option<Shipping>) -> Pipeline {
-        let (jobs, queue) = mpsc::channel::<Job>();
+        let (jobs, queue) = mpsc::sync_channel::<Job>(QUEUE);
         let thread = std::thread::Builder::new()
             .name("ember-pipeline".into())
             .spawn(move || {
@@ -87,10 +92,19 @@ impl Pipeline {
         Pipeline { jobs: Some(jobs), thread: Some(thread) }
     }
 
-    /// Queues an interval; the daemon does not wait for it.
+    /// Queues an interval; the daemon does not wait for it. If the queue is full, the
+    /// interval is shed, and counted.
     pub fn submit(&self, interval: ResolvedInterval, plan: Plan) {
         let job = Job { interval, plan, done: None };
-        self.jobs.as_ref().expect("pipeline open").send(job).expect("pipeline thread alive");
+        match self.jobs.as_ref().expect("pipeline open").try_send(job) {
+            Ok(()) => {}
+            Err(TrySendError::Full(job)) => {
+                let events: u64 = job.interval.samples.iter().map(|s| s.value.count).sum();
+                metrics::add("ember_lost_total", &[("reason", "pipeline_full")], 1.0);
+                tracing::error!(events, "symbolizing is {QUEUE} intervals behind: this interval's profile is dropped");
+            }
+            Err(TrySendError::Disconnected(_)) => panic!("the pipeline thread died"),
+        }
     }
 
     /// Processes an interval and waits for its files.
@@ -169,4 +183,27 @@ fn write_profile(
         }
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shed() -> f64 {
+        let text = metrics::render();
+        text.lines().find_map(|l| l.strip_prefix("ember_lost_total{reason=\"pipeline_full\"} ")).map_or(0.0, |v| v.parse().unwrap())
+    }
+
+    #[test]
+    fn intervals_beyond_the_queue_are_shed_and_counted() {
+        let pipeline = Pipeline::spawn("cpu-clock", 99, None);
+        let before = shed();
+        // Far faster than the thread takes them (each also returns memory to the kernel).
+        for _ in 0..1000 {
+            pipeline.submit(ResolvedInterval::default(), Vec::new());
+        }
+        let shed = shed() - before;
+        pipeline.finish();
+        assert!((1.0..=(1000 - QUEUE) as f64).contains(&shed), "{shed} of 1000 intervals shed");
+    }
 }

@@ -2,7 +2,11 @@
 //! each binary's ELF symbols and DWARF (with inlined functions), looked up by file offset in
 //! the binary the process mapped. Results are cached per (binary, offset) and per kernel
 //! address. blazesym's Symbolizer is !Send, so this lives on the pipeline thread.
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::{HashMap, HashSet},
+    panic::{catch_unwind, AssertUnwindSafe},
+    sync::Arc,
+};
 
 use blazesym::symbolize::{
     evict::{self, Evict},
@@ -10,7 +14,10 @@ use blazesym::symbolize::{
     Input, Symbolized,
 };
 
-use crate::resolve::{Binary, ResolvedInterval, Site, UserAddress};
+use crate::{
+    ops::metrics,
+    resolve::{Binary, ResolvedInterval, Site, UserAddress},
+};
 
 /// One function at one location. A location has several when functions were inlined.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -29,6 +36,9 @@ const CACHE_LIMIT: usize = 500_000;
 pub struct Symbolizer {
     blaze: blazesym::symbolize::Symbolizer,
     user: HashMap<((u64, u64), u64), Frames>,
+    /// Binaries whose symbolization panicked: never parsed again (their frames keep
+    /// module+offset).
+    poisoned: HashSet<(u64, u64)>,
     kernel: HashMap<u64, Frames>,
     pub hits: u64,
     pub misses: u64,
@@ -36,12 +46,7 @@ pub struct Symbolizer {
 
 impl Symbolizer {
     pub fn new() -> Self {
-        let blaze = blazesym::symbolize::Symbolizer::builder()
-            .enable_code_info(true)
-            .enable_inlined_fns(true)
-            .enable_demangling(true)
-            .build();
-        Symbolizer { blaze, user: HashMap::new(), kernel: HashMap::new(), hits: 0, misses: 0 }
+        Symbolizer { blaze: blaze(), user: HashMap::new(), poisoned: HashSet::new(), kernel: HashMap::new(), hits: 0, misses: 0 }
     }
 
     /// Symbolizes, in one batch per binary and one for the kernel, every address of the
@@ -77,18 +82,31 @@ impl Symbolizer {
             offsets.dedup();
             self.misses += offsets.len() as u64;
             let source = Source::Elf(Elf::new(binary.open_path()));
-            let results = self.blaze.symbolize(&source, Input::FileOffset(&offsets));
+            let poisoned = self.poisoned.contains(&id);
+            let results = if poisoned {
+                None
+            } else {
+                isolated(&binary.name(), || self.blaze.symbolize(&source, Input::FileOffset(&offsets)))
+            };
+            let panicked = !poisoned && results.is_none();
+            let results = results.and_then(Result::ok);
             for (i, offset) in offsets.iter().enumerate() {
-                let sym = results.as_ref().ok().and_then(|r| r.get(i));
+                let sym = results.as_ref().and_then(|r| r.get(i));
                 let frames = to_frames(sym, || format!("{}+{:#x}", binary.name(), offset));
                 self.user.insert((id, *offset), frames);
             }
             drop(results);
-            // A binary's parsed symbols and DWARF (and its mapped file) are the agent's largest
-            // memory. Its addresses are named and cached above, so release them now: memory then
-            // holds one binary's debug info at a time, and a binary is parsed again only when
-            // new addresses in it appear.
-            let _ = self.blaze.evict(&Evict::Elf(evict::Elf::new(binary.open_path())));
+            if panicked {
+                // What a panic left half-built in blazesym's caches must not be reused.
+                self.poisoned.insert(id);
+                self.blaze = blaze();
+            } else {
+                // A binary's parsed symbols and DWARF (and its mapped file) are the agent's
+                // largest memory. Its addresses are named and cached above, so release them
+                // now: memory then holds one binary's debug info at a time, and a binary is
+                // parsed again only when new addresses in it appear.
+                let _ = self.blaze.evict(&Evict::Elf(evict::Elf::new(binary.open_path())));
+            }
         }
         kernel.sort_unstable();
         kernel.dedup();
@@ -101,10 +119,16 @@ impl Symbolizer {
             vmlinux: blazesym::MaybeDefault::None,
             ..Default::default()
         });
-        let results = self.blaze.symbolize(&source, Input::AbsAddr(&kernel));
+        let results = isolated("[kernel]", || self.blaze.symbolize(&source, Input::AbsAddr(&kernel)));
+        let panicked = results.is_none();
+        let results = results.and_then(Result::ok);
         for (i, addr) in kernel.iter().enumerate() {
-            let sym = results.as_ref().ok().and_then(|r| r.get(i));
+            let sym = results.as_ref().and_then(|r| r.get(i));
             self.kernel.insert(*addr, to_frames(sym, || format!("[kernel]+{addr:#x}")));
+        }
+        drop(results);
+        if panicked {
+            self.blaze = blaze();
         }
     }
 
@@ -115,6 +139,25 @@ impl Symbolizer {
 
     pub fn kernel(&self, addr: u64) -> Option<&Frames> {
         self.kernel.get(&addr)
+    }
+}
+
+fn blaze() -> blazesym::symbolize::Symbolizer {
+    blazesym::symbolize::Symbolizer::builder().enable_code_info(true).enable_inlined_fns(true).enable_demangling(true).build()
+}
+
+/// Runs one binary's symbolization. A panic in it (a hostile or broken binary, a parser bug)
+/// is caught, logged and counted, and leaves that binary's frames unnamed, instead of taking
+/// the pipeline thread, and the agent, down with it.
+fn isolated<T>(binary: &str, symbolize: impl FnOnce() -> T) -> Option<T> {
+    match catch_unwind(AssertUnwindSafe(symbolize)) {
+        Ok(value) => Some(value),
+        Err(panic) => {
+            let message = panic.downcast_ref::<&str>().copied().or(panic.downcast_ref::<String>().map(String::as_str));
+            metrics::add("ember_symbolizer_panics_total", &[], 1.0);
+            tracing::error!(binary, "symbolizing panicked, its frames stay unnamed: {}", message.unwrap_or("(no message)"));
+            None
+        }
     }
 }
 
@@ -140,4 +183,23 @@ fn to_frames(sym: Option<&Symbolized>, fallback: impl FnOnce() -> String) -> Fra
     let (file, line) = file_of(sym.code_info.as_deref());
     frames.push(Frame { function: sym.name.to_string(), file, line });
     Arc::from(frames)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn panics() -> f64 {
+        let text = metrics::render();
+        text.lines().find_map(|l| l.strip_prefix("ember_symbolizer_panics_total ")).map_or(0.0, |v| v.parse().unwrap())
+    }
+
+    #[test]
+    fn a_panic_while_symbolizing_is_caught_counted_and_the_thread_goes_on() {
+        let before = panics();
+        assert_eq!(isolated("hostile", || -> u32 { panic!("a parser bug") }), None);
+        assert_eq!(panics(), before + 1.0);
+        assert_eq!(isolated("next", || 7), Some(7));
+        assert_eq!(panics(), before + 1.0);
+    }
 }

@@ -30,6 +30,7 @@ const HELP: &[(&str, &str)] = &[
     ("ember_unwind_mappings_dropped_total", "Executable mappings beyond what the walker holds per process (walked by frame pointers)."),
     ("ember_symbol_cache_hits_total", "Addresses symbolized from the cache."),
     ("ember_symbol_cache_misses_total", "Addresses symbolized by reading debug info."),
+    ("ember_symbolizer_panics_total", "Binaries whose symbolization panicked (caught; their frames keep module+offset)."),
     ("ember_ship_seconds_sum", "Time spent sending profiles to a sink."),
     ("ember_ship_seconds_count", "Batches sent to a sink."),
     ("ember_ship_failures_total", "Failed sends to a sink (retried)."),
