@@ -171,7 +171,7 @@ fn write_profile(
     }
     if outputs.folded.is_some() || outputs.flamegraph.is_some() {
         let view = ember_pprof::view(kind.name());
-        let folded = view.folded(&profile);
+        let folded = view.folded(&profile)?;
         if let Some(path) = &outputs.folded {
             write_atomic(path, (folded.join("\n") + "\n").as_bytes())?;
             written.files.push(path.display().to_string());

@@ -18,7 +18,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use ember_proto::security::{self, ClientSecurity, ServerSecurity};
 
-use crate::server::ServeSettings;
+use crate::{http::QueryLimits, server::ServeSettings};
 
 #[derive(Parser)]
 #[command(name = "ember-collector", version, about = "Ember's collector: receive, store and query profiles")]
@@ -43,9 +43,19 @@ enum Command {
         /// Delete profiles older than this many hours.
         #[arg(long, default_value_t = 168)]
         retention_hours: u64,
-        /// Keep at most this many MiB of profiles (oldest deleted first).
+        /// Keep the store (its database file) within this many MiB (oldest profiles deleted
+        /// first).
         #[arg(long, default_value_t = 10_240)]
         max_size_mib: u64,
+        /// The longest time range one query may merge, in hours.
+        #[arg(long, default_value_t = 168, value_parser = clap::value_parser!(u64).range(1..=87_600))]
+        query_max_range_hours: u64,
+        /// Queries that may run at once (more get 503 and retry).
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=1024))]
+        query_concurrency: u64,
+        /// A query still running after this many milliseconds is stopped (504).
+        #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+        query_timeout_ms: u64,
         /// Require `authorization: Bearer <token>` (token read from this file) on pushes and
         /// queries. Health checks stay open for probes.
         #[arg(long)]
@@ -117,8 +127,9 @@ fn main() -> ExitCode {
         .init();
     let result = match Cli::parse().command {
         Command::Serve {
-            listen, http, data_dir, retention_hours, max_size_mib, token_file, pull, pull_tls_ca, pull_tls_cert,
-            pull_tls_key, pull_token_file, tls_cert, tls_key, tls_client_ca, plaintext,
+            listen, http, data_dir, retention_hours, max_size_mib, query_max_range_hours, query_concurrency,
+            query_timeout_ms, token_file, pull, pull_tls_ca, pull_tls_cert, pull_tls_key, pull_token_file, tls_cert,
+            tls_key, tls_client_ca, plaintext,
         } => {
             let setup = || -> Result<ServeSettings> {
                 let server = ServerSecurity { cert: tls_cert, key: tls_key, client_ca: tls_client_ca, plaintext };
@@ -138,6 +149,11 @@ fn main() -> ExitCode {
                     data_dir,
                     retention: Duration::from_secs(retention_hours * 3600),
                     max_bytes: max_size_mib << 20,
+                    query_limits: QueryLimits {
+                        max_range: Duration::from_secs(query_max_range_hours * 3600),
+                        concurrent: query_concurrency as usize,
+                        timeout: Duration::from_millis(query_timeout_ms),
+                    },
                 })
             };
             match setup() {

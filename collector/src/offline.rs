@@ -11,7 +11,8 @@ pub fn run_query(data_dir: PathBuf, kind: String, selector: String, from: Option
     let selector = query::parse_selector(&selector)?;
     let now = std::time::SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() + 1;
     let nanos = |s: u64| s.saturating_mul(1_000_000_000);
-    let (profile, count) = query::merged(&store, &kind, &selector, nanos(from.unwrap_or(0)), nanos(to.unwrap_or(now)))?;
+    let (profile, count) = query::merged(&store, &kind, &selector, nanos(from.unwrap_or(0)), nanos(to.unwrap_or(now)), None)?
+        .with_context(|| format!("no {kind} profiles match in that time range"))?;
     let bytes = query::render(&profile, &kind, &format)?;
     std::fs::write(&output, bytes).with_context(|| format!("writing {}", output.display()))?;
     eprintln!("merged {count} {kind} profiles into {}", output.display());

@@ -1,6 +1,6 @@
 //! Query: merges the stored profiles of one kind that match a label selector and a time
 //! range into one pprof, folded stacks, or an SVG flame graph.
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, time::Instant};
 
 use anyhow::{bail, Context as _, Result};
 use ember_proto::pprof::Profile;
@@ -36,24 +36,38 @@ fn matches<'s>(stored: &StoredProfile, kind: &str, selector: &'s BTreeMap<String
         })
 }
 
-pub fn merged(store: &Store, kind: &str, selector: &BTreeMap<String, String>, from: u64, to: u64) -> Result<(Profile, usize)> {
-    let mut profiles = Vec::new();
+/// Profiles decoded before they are merged into a partial result: memory holds one chunk of
+/// decoded profiles and the partial merges, not every profile of the range at once.
+const CHUNK: usize = 64;
+
+/// Merges the matching profiles of [from, to), with how many there were; None if none
+/// match. Past `deadline`, gives up with an error (a query that would run on after its
+/// client was told it timed out only wastes the host).
+pub fn merged(store: &Store, kind: &str, selector: &BTreeMap<String, String>, from: u64, to: u64, deadline: Option<Instant>) -> Result<Option<(Profile, usize)>> {
+    let (mut chunk, mut partials, mut count) = (Vec::new(), Vec::new(), 0);
     let mut sample_terms = Vec::new();
     for stored in store.range(from, to)? {
+        if deadline.is_some_and(|d| Instant::now() > d) {
+            bail!("the query ran out of time after merging {count} profiles: narrow its range or selector");
+        }
         if !matches(&stored, kind, selector, &mut sample_terms) {
             continue;
         }
         let bytes = &stored.profile.as_ref().expect("matched").pprof_gzip;
-        let mut profile = ember_pprof::decode_gzip(bytes, 1 << 30)?;
+        let mut profile = ember_pprof::decode_gzip(bytes, crate::service::MAX_DECOMPRESSED)?;
         if sample_terms.is_empty() || ember_pprof::retain_samples(&mut profile, &sample_terms) > 0 {
-            profiles.push(profile);
+            chunk.push(profile);
+            count += 1;
+        }
+        if chunk.len() == CHUNK {
+            partials.push(ember_pprof::merge(&std::mem::take(&mut chunk))?);
         }
     }
-    if profiles.is_empty() {
-        bail!("no {kind} profiles match in that time range");
+    if count == 0 {
+        return Ok(None);
     }
-    let count = profiles.len();
-    Ok((ember_pprof::merge(&profiles)?, count))
+    partials.push(ember_pprof::merge(&chunk)?);
+    Ok(Some((ember_pprof::merge(&partials)?, count)))
 }
 
 pub const FORMATS: [&str; 3] = ["pprof", "folded", "svg"];
@@ -63,8 +77,8 @@ pub fn render(profile: &Profile, kind: &str, format: &str) -> Result<Vec<u8>> {
     let view = ember_pprof::view(kind);
     match format {
         "pprof" => Ok(ember_pprof::encode_gzip(profile)),
-        "folded" => Ok((view.folded(profile).join("\n") + "\n").into_bytes()),
-        "svg" => ember_pprof::flamegraph(&view.folded(profile), &format!("Ember {kind}"), view.unit(profile)),
+        "folded" => Ok((view.folded(profile)?.join("\n") + "\n").into_bytes()),
+        "svg" => ember_pprof::flamegraph(&view.folded(profile)?, &format!("Ember {kind}"), view.unit(profile)),
         other => bail!("unknown format {other:?}: use pprof, folded or svg"),
     }
 }

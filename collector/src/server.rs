@@ -25,6 +25,7 @@ pub struct ServeSettings {
     pub data_dir: PathBuf,
     pub retention: Duration,
     pub max_bytes: u64,
+    pub query_limits: http::QueryLimits,
 }
 
 pub async fn serve(args: ServeSettings) -> Result<()> {
@@ -49,7 +50,7 @@ pub async fn serve(args: ServeSettings) -> Result<()> {
     for source in args.pull {
         tokio::spawn(pull::pull_forever(source, store.clone(), until_stopped()));
     }
-    let http = tokio::spawn(http::serve(http_listener, args.http_tls, store.clone(), args.token.clone(), until_stopped()));
+    let http = tokio::spawn(http::serve(http_listener, args.http_tls, store.clone(), args.query_limits, args.token.clone(), until_stopped()));
     // Standard gRPC health checking and reflection, for probes and tools such as grpcurl.
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<CollectorServer<service::CollectorService>>().await;

@@ -8,8 +8,9 @@ use tonic::{Request, Response, Status};
 use crate::store::Store;
 
 pub const KINDS: [&str; 7] = ["cpu", "offcpu", "wall", "net-tx", "net-rx", "net-retransmit", "net-drop"];
-/// A profile may decompress to at most this much.
-const MAX_DECOMPRESSED: u64 = 256 << 20;
+/// A profile may decompress to at most this much: an agent's 10 s profile is a few MiB at
+/// most, and a small push must not make the collector inflate hundreds of MiB.
+pub const MAX_DECOMPRESSED: u64 = 64 << 20;
 /// Start times more than this far in the future are a broken agent clock.
 const MAX_CLOCK_SKEW_NS: i64 = 10 * 60 * 1_000_000_000;
 const MAX_LABELS: usize = 256;

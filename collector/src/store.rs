@@ -2,8 +2,16 @@
 //! indexed by time, with per-spool sequence numbers so a retried push is stored once.
 //! Profiles are de-duplicated by their spool (its random id), not by the agent's name: a
 //! renamed agent resending its spool stores nothing twice, and a wiped spool's new numbers
-//! never pass for old ones.
-use std::path::Path;
+//! never pass for old ones. Retention bounds everything: profiles by age and by the database
+//! file's size, and the de-duplication records by age (a profile older than retention is
+//! acknowledged but not stored again, so its record is no longer needed).
+use std::{
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        RwLock,
+    },
+};
 
 use anyhow::{Context as _, Result};
 use ember_proto::ember::{AgentIdentity, Profile};
@@ -36,8 +44,16 @@ pub struct StoredProfile {
 }
 
 pub struct Store {
-    db: Database,
+    /// Written (locked) only to compact the file; every other use reads.
+    db: RwLock<Database>,
+    path: PathBuf,
+    /// Profiles that start before this (unix ns) are past retention.
+    horizon: AtomicU64,
 }
+
+/// Size retention compacts the file, deletes the oldest profiles, and repeats at most this
+/// many times (each round deletes what the file is over, and a sixteenth of the limit more).
+const SIZE_ROUNDS: usize = 8;
 
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Stored {
@@ -57,13 +73,19 @@ impl Store {
         txn.open_table(DELIVERED)?;
         txn.open_table(CONTIGUOUS)?;
         txn.commit()?;
-        Ok(Store { db })
+        Ok(Store { db: RwLock::new(db), path, horizon: AtomicU64::new(0) })
     }
 
-    /// Stores an agent's profiles in one transaction; profiles it delivered before are
-    /// counted as duplicates and dropped.
+    fn db(&self) -> std::sync::RwLockReadGuard<'_, Database> {
+        self.db.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stores an agent's profiles in one transaction; profiles it delivered before, and
+    /// profiles already past retention, are counted as duplicates and dropped.
     pub fn put(&self, agent: &AgentIdentity, profiles: &[Profile]) -> Result<Stored> {
-        let txn = self.db.begin_write()?;
+        let horizon = self.horizon.load(Ordering::Relaxed);
+        let db = self.db();
+        let txn = db.begin_write()?;
         let mut result = Stored::default();
         {
             let mut stored = txn.open_table(PROFILES)?;
@@ -74,11 +96,11 @@ impl Store {
             let mut through = contiguous.get(id)?.map(|v| v.value()).unwrap_or(0);
             for profile in profiles {
                 result.held.push(profile.sequence);
-                if profile.sequence <= through || delivered.get((id, profile.sequence))?.is_some() {
+                let start = profile.start_unix_nanos.max(0) as u64;
+                if start < horizon || profile.sequence <= through || delivered.get((id, profile.sequence))?.is_some() {
                     result.duplicates += 1;
                     continue;
                 }
-                let start = profile.start_unix_nanos.max(0) as u64;
                 let record = StoredProfile { agent: Some(agent.clone()), profile: Some(profile.clone()) };
                 stored.insert((start, id, profile.sequence), record.encode_to_vec().as_slice())?;
                 delivered.insert((id, profile.sequence), start)?;
@@ -93,47 +115,116 @@ impl Store {
         Ok(result)
     }
 
-    /// Deletes profiles that started before `min_start`, then the oldest until the stored
-    /// profiles take at most `max_bytes`. Returns how many were deleted. (What each agent
-    /// delivered is remembered, so a late retry of a deleted profile is still a duplicate.)
+    /// Deletes profiles that started before `min_start`, and the de-duplication records of
+    /// profiles that did (and of spools left with none); then the oldest profiles until the
+    /// database file takes at most `max_bytes`, compacting it. Returns how many profiles it
+    /// deleted.
     pub fn enforce_retention(&self, min_start: u64, max_bytes: u64) -> Result<usize> {
-        let txn = self.db.begin_write()?;
-        let deleted;
+        self.horizon.fetch_max(min_start, Ordering::Relaxed);
+        let mut deleted = self.delete_oldest(|start, _| start < min_start)?;
+        self.forget_delivered_before(min_start)?;
+        for _ in 0..SIZE_ROUNDS {
+            if self.file_bytes()? <= max_bytes {
+                return Ok(deleted);
+            }
+            // Free pages first (a file is often larger than what it holds), then profiles.
+            let compacted = self.db.write().unwrap_or_else(|e| e.into_inner()).compact().context("compacting the store")?;
+            let file = self.file_bytes()?;
+            if file <= max_bytes {
+                return Ok(deleted);
+            }
+            let mut excess = file - max_bytes + max_bytes / 16;
+            let removed = self.delete_oldest(|_, size| {
+                let doomed = excess > 0;
+                excess = excess.saturating_sub(size);
+                doomed
+            })?;
+            deleted += removed;
+            if removed == 0 && !compacted {
+                break;
+            }
+        }
+        let file = self.file_bytes()?;
+        if file > max_bytes {
+            tracing::warn!(file, max_bytes, "the store is over its size limit with nothing left to delete");
+        }
+        Ok(deleted)
+    }
+
+    fn file_bytes(&self) -> Result<u64> {
+        Ok(std::fs::metadata(&self.path).with_context(|| format!("reading {}", self.path.display()))?.len())
+    }
+
+    /// Deletes profiles, oldest first, while `doomed(start, stored bytes)` says so.
+    fn delete_oldest(&self, mut doomed: impl FnMut(u64, u64) -> bool) -> Result<usize> {
+        let db = self.db();
+        let txn = db.begin_write()?;
+        let mut keys = Vec::new();
         {
             let mut table = txn.open_table(PROFILES)?;
-            let mut sizes = Vec::new();
             for entry in table.iter()? {
                 let (key, value) = entry?;
-                let (start, agent, sequence) = key.value();
-                sizes.push(((start, agent.to_string(), sequence), value.value().len() as u64));
-            }
-            let mut total: u64 = sizes.iter().map(|(_, n)| n).sum();
-            let mut doomed = Vec::new();
-            for (key, size) in sizes {
-                if key.0 < min_start || total > max_bytes {
-                    total -= size;
-                    doomed.push(key);
+                let (start, origin, sequence) = key.value();
+                if !doomed(start, value.value().len() as u64) {
+                    break;
                 }
+                keys.push((start, origin.to_string(), sequence));
             }
-            for (start, agent, sequence) in &doomed {
-                table.remove((*start, agent.as_str(), *sequence))?;
+            for (start, origin, sequence) in &keys {
+                table.remove((*start, origin.as_str(), *sequence))?;
             }
-            deleted = doomed.len();
         }
         txn.commit()?;
-        Ok(deleted)
+        Ok(keys.len())
+    }
+
+    /// Drops the de-duplication records of profiles that started before `min_start`, and the
+    /// watermark of every spool left without records (all it delivered is past retention).
+    fn forget_delivered_before(&self, min_start: u64) -> Result<()> {
+        let db = self.db();
+        let txn = db.begin_write()?;
+        {
+            let mut delivered = txn.open_table(DELIVERED)?;
+            let mut contiguous = txn.open_table(CONTIGUOUS)?;
+            let mut old = Vec::new();
+            let mut live = std::collections::HashSet::new();
+            for entry in delivered.iter()? {
+                let (key, start) = entry?;
+                let (origin, sequence) = key.value();
+                if start.value() < min_start {
+                    old.push((origin.to_string(), sequence));
+                } else {
+                    live.insert(origin.to_string());
+                }
+            }
+            for (origin, sequence) in &old {
+                delivered.remove((origin.as_str(), *sequence))?;
+            }
+            let mut idle = Vec::new();
+            for entry in contiguous.iter()? {
+                let origin = entry?.0.value().to_string();
+                if !live.contains(&origin) {
+                    idle.push(origin);
+                }
+            }
+            for origin in &idle {
+                contiguous.remove(origin.as_str())?;
+            }
+        }
+        txn.commit()?;
+        Ok(())
     }
 
     /// Highest sequence N such that the profiles 1..=N of this agent's spool are all stored.
     pub fn stored_through(&self, agent: &AgentIdentity) -> Result<u64> {
-        let txn = self.db.begin_read()?;
+        let txn = self.db().begin_read()?;
         let table = txn.open_table(CONTIGUOUS)?;
         Ok(table.get(origin(agent).as_str())?.map(|v| v.value()).unwrap_or(0))
     }
 
     /// Profiles whose start lies in [from, to), in time order.
     pub fn range(&self, from: u64, to: u64) -> Result<Vec<StoredProfile>> {
-        let txn = self.db.begin_read()?;
+        let txn = self.db().begin_read()?;
         let table = txn.open_table(PROFILES)?;
         let mut out = Vec::new();
         for entry in table.range((from, "", 0)..(to, "", 0))? {
@@ -169,13 +260,61 @@ mod tests {
         let store = Store::open(&dir).unwrap();
         assert_eq!(store.put(&agent, &[profile(3, 300, 1000)]).unwrap().stored_through, 3);
         assert_eq!(store.range(0, u64::MAX).unwrap().len(), 3);
-        // Age: profile 1 (start 100) goes; size: then the oldest until at most ~1 profile.
+        // Age: profile 1 (start 100) goes.
         assert_eq!(store.enforce_retention(150, u64::MAX).unwrap(), 1);
-        assert_eq!(store.enforce_retention(0, 1500).unwrap(), 1);
         let left: Vec<u64> = store.range(0, u64::MAX).unwrap().iter().map(|p| p.profile.as_ref().unwrap().sequence).collect();
-        assert_eq!(left, [3]);
-        // A late retry of a deleted profile is still recognised.
+        assert_eq!(left, [2, 3]);
+        // A late retry of a deleted profile is acknowledged, not stored again.
         assert_eq!(store.put(&agent, &[profile(1, 100, 1000)]).unwrap().duplicates, 1);
+        assert_eq!(store.range(0, u64::MAX).unwrap().len(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn entries(store: &Store) -> (usize, usize) {
+        use redb::ReadableTableMetadata as _;
+        let db = store.db();
+        let txn = db.begin_read().unwrap();
+        (txn.open_table(DELIVERED).unwrap().len().unwrap() as usize, txn.open_table(CONTIGUOUS).unwrap().len().unwrap() as usize)
+    }
+
+    #[test]
+    fn de_duplication_records_go_with_retention() {
+        let dir = std::env::temp_dir().join(format!("ember-store-growth-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Store::open(&dir).unwrap();
+        // A hundred spools (pods restarted with fresh spools), ten profiles each.
+        for spool in 1..=100u64 {
+            let agent = AgentIdentity { agent_id: "pod".into(), spool_id: spool, ..Default::default() };
+            let profiles: Vec<Profile> = (1..=10).map(|n| profile(n, (spool * 100 + n) as i64, 10)).collect();
+            store.put(&agent, &profiles).unwrap();
+        }
+        assert_eq!(entries(&store), (1000, 100));
+        // Retention passes the first half of them: their records go too.
+        store.enforce_retention(50 * 100 + 50, u64::MAX).unwrap();
+        assert_eq!(entries(&store), (500, 50));
+        store.enforce_retention(u64::MAX, u64::MAX).unwrap();
+        assert_eq!(entries(&store), (0, 0));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_database_file_is_kept_within_the_size_limit() {
+        let dir = std::env::temp_dir().join(format!("ember-store-size-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Store::open(&dir).unwrap();
+        let agent = AgentIdentity { agent_id: "a".into(), spool_id: 1, ..Default::default() };
+        for n in 1..=64u64 {
+            store.put(&agent, &[profile(n, n as i64, 64 << 10)]).unwrap();
+        }
+        let full = store.file_bytes().unwrap();
+        assert!(full > 4 << 20, "{full} bytes for 4 MiB of profiles");
+        let limit = full / 2;
+        let deleted = store.enforce_retention(0, limit).unwrap();
+        assert!(store.file_bytes().unwrap() <= limit, "{} bytes over the {limit} limit", store.file_bytes().unwrap());
+        // The oldest went; the newest stayed.
+        let left: Vec<u64> = store.range(0, u64::MAX).unwrap().iter().map(|p| p.profile.as_ref().unwrap().sequence).collect();
+        assert_eq!(left, (deleted as u64 + 1..=64).collect::<Vec<_>>());
+        assert!(left.len() >= 16, "only {} of 64 left under a limit of half the file", left.len());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

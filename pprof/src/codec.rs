@@ -16,14 +16,18 @@ pub fn encode_gzip(profile: &Profile) -> Vec<u8> {
 pub fn decode_gzip(bytes: &[u8], max_decompressed: u64) -> Result<Profile> {
     let mut raw = Vec::new();
     GzDecoder::new(bytes).take(max_decompressed + 1).read_to_end(&mut raw).context("profile is not gzipped")?;
-    anyhow::ensure!(raw.len() as u64 <= max_decompressed, "profile decompresses to more than {max_decompressed} bytes");
+    anyhow::ensure!(raw.len() as u64 <= max_decompressed, "profile decompresses past the {} MiB limit", max_decompressed >> 20);
     let profile = Profile::decode(&raw[..]).context("profile is not a valid profile.proto")?;
     validate(&profile)?;
     Ok(profile)
 }
 
-/// Every index and id a consumer will follow must resolve.
+/// Every index and id a consumer will follow must resolve, and values and times must be
+/// what a profile can hold: not negative, and an end that does not overflow.
 fn validate(p: &Profile) -> Result<()> {
+    anyhow::ensure!(p.time_nanos >= 0 && p.duration_nanos >= 0, "negative time or duration");
+    anyhow::ensure!(p.time_nanos.checked_add(p.duration_nanos).is_some(), "time + duration overflows");
+    anyhow::ensure!(p.sample.iter().all(|s| s.value.iter().all(|v| *v >= 0)), "a sample has a negative value");
     let strings = p.string_table.len() as i64;
     anyhow::ensure!(p.string_table.first().is_some_and(String::is_empty), "string_table[0] must be empty");
     let string_ok = |i: i64| (0..strings).contains(&i);

@@ -3,7 +3,7 @@
 //! and labels are summed.
 use std::collections::HashMap;
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context as _, Result};
 use ember_proto::pprof::{Function, Label, Line, Location, Mapping, Profile, Sample};
 
 use crate::StringIndex;
@@ -23,7 +23,7 @@ impl Merger {
         self.strings.intern(&mut self.out.string_table, s)
     }
 
-    fn add(&mut self, p: &Profile) {
+    fn add(&mut self, p: &Profile) -> Result<()> {
         let s = |i: i64| p.string_table.get(i as usize).map(String::as_str).unwrap_or("");
         let mut function_ids = HashMap::new();
         for f in &p.function {
@@ -72,7 +72,7 @@ impl Merger {
             match self.samples.get(&key) {
                 Some(&i) => {
                     for (total, v) in self.out.sample[i].value.iter_mut().zip(&sample.value) {
-                        *total += v;
+                        *total = total.checked_add(*v).context("sample values overflow when merged")?;
                     }
                 }
                 None => {
@@ -81,6 +81,7 @@ impl Merger {
                 }
             }
         }
+        Ok(())
     }
 }
 
@@ -107,11 +108,12 @@ pub fn merge(profiles: &[Profile]) -> Result<Profile> {
     });
     merger.out.period = first.period;
     let start = profiles.iter().map(|p| p.time_nanos).min().unwrap_or(0);
-    let end = profiles.iter().map(|p| p.time_nanos + p.duration_nanos).max().unwrap_or(0);
+    let ends = profiles.iter().map(|p| p.time_nanos.checked_add(p.duration_nanos).context("profile end time overflows"));
+    let end = ends.collect::<Result<Vec<i64>>>()?.into_iter().max().unwrap_or(0);
     for p in profiles {
-        merger.add(p);
+        merger.add(p)?;
     }
     merger.out.time_nanos = start;
-    merger.out.duration_nanos = end - start;
+    merger.out.duration_nanos = end.checked_sub(start).context("profile time range overflows")?;
     Ok(merger.out)
 }

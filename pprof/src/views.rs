@@ -28,7 +28,7 @@ pub fn view(kind: &str) -> View {
 }
 
 impl View {
-    pub fn folded(&self, profile: &Profile) -> Vec<String> {
+    pub fn folded(&self, profile: &Profile) -> Result<Vec<String>> {
         folded(profile, self.value, self.roots)
     }
 
@@ -45,7 +45,8 @@ pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 /// Folded stacks of the profile's value `value_index`, rooted at the values of
 /// `root_labels` (e.g. the thread name). Kernel frames carry the `_[k]` suffix and inlined
 /// functions `_[i]`, as perf's folded output does.
-pub fn folded(profile: &Profile, value_index: usize, root_labels: &[&str]) -> Vec<String> {
+/// Fails only if a stack's total overflows (possible only in merges of hostile profiles).
+pub fn folded(profile: &Profile, value_index: usize, root_labels: &[&str]) -> Result<Vec<String>> {
     let s = |i: i64| profile.string_table.get(i as usize).map(String::as_str).unwrap_or("");
     let functions: HashMap<u64, &str> = profile.function.iter().map(|f| (f.id, s(f.name))).collect();
     let kernel_mappings: Vec<u64> =
@@ -84,9 +85,10 @@ pub fn folded(profile: &Profile, value_index: usize, root_labels: &[&str]) -> Ve
         for id in sample.location_id.iter().rev() {
             frames.extend(locations.get(id).into_iter().flatten().cloned());
         }
-        *stacks.entry(frames.join(";")).or_default() += sample.value.get(value_index).copied().unwrap_or(0);
+        let total = stacks.entry(frames.join(";")).or_default();
+        *total = total.checked_add(sample.value.get(value_index).copied().unwrap_or(0)).context("a stack's total overflows")?;
     }
-    stacks.into_iter().filter(|(_, v)| *v > 0).map(|(stack, v)| format!("{stack} {v}")).collect()
+    Ok(stacks.into_iter().filter(|(_, v)| *v > 0).map(|(stack, v)| format!("{stack} {v}")).collect())
 }
 
 pub fn flamegraph(folded: &[String], title: &str, count_name: &str) -> Result<Vec<u8>> {

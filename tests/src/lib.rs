@@ -190,9 +190,24 @@ pub fn fetch_metrics(status: std::net::SocketAddr) -> String {
 
 /// A valid gzipped pprof profile with nothing in it.
 pub fn empty_pprof_gzip() -> Vec<u8> {
-    let profile = Profile { string_table: vec![String::new()], ..Default::default() };
+    gzip(&Profile { string_table: vec![String::new()], ..Default::default() }.encode_to_vec())
+}
+
+/// A gzipped pprof of one sample with no frames, of `value` samples.
+pub fn one_sample_pprof_gzip(value: i64) -> Vec<u8> {
+    use ember_proto::pprof::{Sample, ValueType};
+    let profile = Profile {
+        string_table: vec![String::new(), "samples".into(), "count".into()],
+        sample_type: vec![ValueType { r#type: 1, unit: 2 }],
+        sample: vec![Sample { value: vec![value], ..Default::default() }],
+        ..Default::default()
+    };
+    gzip(&profile.encode_to_vec())
+}
+
+pub fn gzip(bytes: &[u8]) -> Vec<u8> {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-    gz.write_all(&profile.encode_to_vec()).unwrap();
+    gz.write_all(bytes).unwrap();
     gz.finish().unwrap()
 }
 

@@ -42,7 +42,7 @@ fn pushed_profiles_are_stored_and_query_returns_the_fixtures_totals() {
     let (status, svg) = http_get(http, "/query?kind=cpu&format=svg");
     assert!(status == 200 && String::from_utf8_lossy(&svg).contains("<svg"));
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
-    let (status, diff) = http_get(http, &format!("/diff?kind=cpu&base_from=0&base_to={}&from=0&to={}", now + 1, now + 1));
+    let (status, diff) = http_get(http, &format!("/diff?kind=cpu&base_from={}&base_to={}&from={}&to={}", now - 3600, now + 1, now - 3600, now + 1));
     assert!(status == 200 && String::from_utf8_lossy(&diff).contains("<svg"), "diff: {status}");
     let (status, _) = http_get(http, "/query?kind=offcpu");
     assert_eq!(status, 404, "no off-CPU profiles were pushed");
@@ -145,6 +145,10 @@ fn bad_pushes_are_refused_without_crashing_or_losing_what_is_stored() {
     refused(Profile { start_unix_nanos: tomorrow, end_unix_nanos: tomorrow + 1, ..profile(2) }, &[Code::InvalidArgument], "clock skew");
     refused(Profile { end_unix_nanos: now - 20_000_000_000, ..profile(2) }, &[Code::InvalidArgument], "end before start");
     refused(Profile { pprof_gzip: vec![7; 5 << 20], ..profile(2) }, &[Code::ResourceExhausted, Code::OutOfRange], "oversized message");
+    // 100 MiB of zeros gzip to 100 KiB: the collector must not inflate it.
+    let bomb = ember_tests::gzip(&vec![0u8; 100 << 20]);
+    refused(Profile { pprof_gzip: bomb, ..profile(2) }, &[Code::InvalidArgument], "decompression bomb");
+    refused(Profile { pprof_gzip: ember_tests::one_sample_pprof_gzip(-1), ..profile(2) }, &[Code::InvalidArgument], "negative value");
     let labels: HashMap<String, String> = (0..1_000_000).map(|i| (format!("k{i}"), "v".into())).collect();
     refused(Profile { labels, ..profile(2) }, &[Code::ResourceExhausted, Code::OutOfRange, Code::InvalidArgument], "a million labels");
 
@@ -254,5 +258,81 @@ fn collector_and_pulled_agent_answer_grpc_health_checks_and_reflection() {
         assert!(services.contains(&"grpc.health.v1.Health".to_string()), "{services:?}");
     }
     stop(agent);
+    collector.stop();
+}
+
+/// Queries are bounded (default and maximum range, concurrency, time) and values that would
+/// overflow a merge give a one-line error, not a wrong answer or a crash.
+#[test]
+fn queries_are_bounded_and_overflowing_merges_are_errors() {
+    use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest};
+
+    let dir = TempDir::new("query-limits");
+    let (address, http, data) = (free_address(), free_address(), dir.path("data"));
+    let limits = ["--query-max-range-hours", "2", "--query-concurrency", "1"];
+    let collector = CollectorProcess::start_with_http(address, http, &data, &limits);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    const NS: i64 = 1_000_000_000;
+    let push = |kind: &str, profiles: Vec<(i64, i64)>, first: u64| {
+        let profiles = profiles
+            .into_iter()
+            .enumerate()
+            .map(|(i, (start, value))| Profile {
+                sequence: first + i as u64,
+                kind: kind.into(),
+                start_unix_nanos: start * NS,
+                end_unix_nanos: start * NS + NS,
+                labels: Default::default(),
+                pprof_gzip: ember_tests::one_sample_pprof_gzip(value),
+            })
+            .collect();
+        runtime.block_on(async {
+            let mut client = CollectorClient::connect(format!("http://{address}")).await.unwrap();
+            let agent = AgentIdentity { agent_id: format!("limits-{kind}"), spool_id: first, ..Default::default() };
+            let response = client.push(PushRequest { agent: Some(agent), profiles }).await.unwrap().into_inner();
+            assert!(response.refused.is_empty(), "{response:?}");
+        })
+    };
+    let total = |body: &[u8]| -> i64 { String::from_utf8_lossy(body).lines().filter_map(|l| l.rsplit_once(' ')?.1.parse::<i64>().ok()).sum() };
+    let one_line = |body: &[u8]| String::from_utf8_lossy(body).trim_end().lines().count() == 1;
+
+    // A profile of the last minute and one of 90 minutes ago: a query without a range covers
+    // the last hour only.
+    push("cpu", vec![(now - 60, 5), (now - 5400, 7)], 1);
+    let (status, body) = http_get(http, "/query?kind=cpu&format=folded");
+    assert_eq!((status, total(&body)), (200, 5), "{}", String::from_utf8_lossy(&body));
+    let (status, body) = http_get(http, &format!("/query?kind=cpu&format=folded&from={}&to={}", now - 7000, now + 1));
+    assert_eq!((status, total(&body)), (200, 12));
+    // Longer than the maximum: refused, one line.
+    let (status, body) = http_get(http, &format!("/query?kind=cpu&format=folded&from=0&to={now}"));
+    assert!(status == 400 && one_line(&body) && String::from_utf8_lossy(&body).contains("longer than"), "{status} {}", String::from_utf8_lossy(&body));
+
+    // Two valid profiles whose values sum past i64: the merge says so.
+    push("offcpu", vec![(now - 30, i64::MAX - 1), (now - 20, i64::MAX - 1)], 10);
+    let (status, body) = http_get(http, "/query?kind=offcpu&format=folded");
+    assert!(status == 422 && one_line(&body) && String::from_utf8_lossy(&body).contains("overflow"), "{status} {}", String::from_utf8_lossy(&body));
+
+    // Tens of thousands of profiles: while one query merges them, queries beside it are
+    // turned away.
+    let many: Vec<(i64, i64)> = (0..30_000).map(|i| (now - 3000 + i % 2000, 1)).collect();
+    for (n, chunk) in many.chunks(500).enumerate() {
+        push("wall", chunk.to_vec(), 100 + n as u64 * 1000);
+    }
+    let answers: Vec<(u16, Vec<u8>)> = std::thread::scope(|scope| {
+        let queries: Vec<_> = (0..4).map(|_| scope.spawn(|| http_get(http, "/query?kind=wall&format=folded"))).collect();
+        queries.into_iter().map(|q| q.join().unwrap()).collect()
+    });
+    let statuses: Vec<u16> = answers.iter().map(|(s, _)| *s).collect();
+    assert!(statuses.contains(&200) && statuses.contains(&503), "{statuses:?}");
+    let (ok, busy) = (&answers.iter().find(|(s, _)| *s == 200).unwrap().1, &answers.iter().find(|(s, _)| *s == 503).unwrap().1);
+    assert_eq!(total(ok), 30_000);
+    assert!(one_line(busy), "{}", String::from_utf8_lossy(busy));
+    collector.stop();
+    // The same store with a 1 ms time limit: the query stops, with a one-line error.
+    let collector = CollectorProcess::start_with_http(address, http, &data, &["--query-timeout-ms", "1"]);
+    let (status, body) = http_get(http, "/query?kind=wall&format=folded");
+    assert!(status == 504 && one_line(&body), "{status} {}", String::from_utf8_lossy(&body));
+    assert_eq!(http_get(http, "/healthz").0, 200);
     collector.stop();
 }
