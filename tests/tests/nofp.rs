@@ -198,3 +198,79 @@ fn binaries_beyond_a_tiny_table_budget_are_walked_by_frame_pointers_and_counted(
     let (through, total) = weighted(&sorting, |frames| has_prefix(frames, "phase_qsort"));
     assert!(total > 0 && (through as f64) < 0.1 * total as f64, "{through} of {total} comparator samples got through libc without its table");
 }
+
+/// Rows of `binary`'s table in the kernel, as `ember-agent unwind-table` reports them.
+fn table_rows(binary: &Path) -> u64 {
+    let out = Command::new(ember_tests::agent_bin()).arg("unwind-table").arg(binary).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let rows = text.split("in the kernel: ").nth(1).and_then(|rest| rest.split(' ').next()).and_then(|n| n.parse().ok());
+    rows.unwrap_or_else(|| panic!("no row count for {}: {text}", binary.display()))
+}
+
+/// A shell that waits for a line on stdin, then execs `binary phases-args`: its pid is known
+/// (for --pid) before the binary runs, and stays the same across the exec.
+fn launcher(binary: &Path, seconds: &str) -> Child {
+    Command::new("sh")
+        .args(["-c", "read line; exec \"$0\" split \"$1\" > /dev/null"])
+        .arg(binary)
+        .arg(seconds)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn launch_and_wait(child: &mut Child) {
+    use std::io::Write as _;
+    writeln!(child.stdin.take().unwrap(), "go").unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn idle_tables_are_kept_for_the_next_run_and_evicted_when_space_is_needed() {
+    require_root();
+    let dir = TempDir::new("nofp-idle");
+    let built = nofp::build(&dir.path(""));
+    let library = dir.path("libphases.so");
+    // Room for the PIE fixture and its library, and for the non-PIE one only once the PIE's
+    // idle table is evicted (libc and ld.so are left out: walked by frame pointers).
+    let rows = table_rows(&built.pie) + table_rows(&library) + table_rows(&built.no_pie) - 1;
+    let mib = format!("{:.9}", rows as f64 * 8.0 / 1048576.0);
+    let (mut first, mut again, mut other) = (launcher(&built.pie, "1.5"), launcher(&built.pie, "1.5"), launcher(&built.no_pie, "1.5"));
+    let pids: Vec<String> = [&first, &again, &other].iter().map(|c| c.id().to_string()).collect();
+    let (out, http) = (dir.path("profiles"), free_address());
+    let mut args = vec!["run", "-F", "499", "--interval", "1s", "--unwind-table-mib", &mib, "--http"];
+    let http_arg = http.to_string();
+    args.extend([http_arg.as_str(), "--output-dir", out.to_str().unwrap()]);
+    for pid in &pids {
+        args.extend(["--pid", pid.as_str()]);
+    }
+    let mut agent = Agent::spawn(&args);
+    agent.wait_ready();
+    let counter = |name: &str| metric(&fetch_metrics(http), name);
+
+    // Tables become idle at the drain after their last process is forgotten, and evictable
+    // one drain later (no walk can still read them then).
+    let idle = || {
+        wait_for_metric(http, "ember_unwind_tables_idle", Duration::from_secs(10), |n| n >= 2.0);
+        std::thread::sleep(Duration::from_millis(1200));
+    };
+    launch_and_wait(&mut first);
+    idle();
+    let built_before = counter("ember_unwind_tables_built_total");
+    launch_and_wait(&mut again);
+    idle();
+    assert_eq!(counter("ember_unwind_tables_built_total"), built_before, "the second run of the same binary rebuilt tables");
+    launch_and_wait(&mut other);
+    std::thread::sleep(Duration::from_millis(1500));
+    let metrics = fetch_metrics(http);
+    let evicted = ember_tests::metric_value(&metrics, "ember_unwind_tables_evicted_total").unwrap_or(0.0);
+    agent.signal(libc::SIGTERM);
+    agent.wait_success(Duration::from_secs(30));
+    assert!(evicted >= 1.0, "no idle table was evicted for the non-PIE binary:\n{metrics}");
+    let samples: Vec<Sample> = Decoded::read_kind(&out, "cpu").into_iter().flat_map(|p| p.samples).collect();
+    for (run, pid) in ["second run", "non-PIE run"].iter().zip(&pids[1..]) {
+        let spin: Vec<&Sample> = samples.iter().filter(|s| s.labels.get("pid") == Some(pid) && has_prefix(&names(s), "phase_spin")).collect();
+        let (reached, total) = weighted(&spin, |frames| reaches(frames, "main"));
+        assert!(total > 0 && reached as f64 >= 0.99 * total as f64, "{run}: {reached} of {total} samples in phase_spin reach main");
+    }
+}

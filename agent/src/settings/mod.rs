@@ -149,7 +149,7 @@ fn kernel_settings(args: &SamplingArgs, file: &FileConfig, default_frequency: u6
 
 /// Rows of 8 bytes that fit in the unwind table budget.
 fn unwind_rows(mib: f64) -> Result<u32> {
-    ensure!((0.01..=4096.0).contains(&mib), "unwind_table_mib must be between 0.01 and 4096, not {mib}");
+    ensure!((0.001..=4096.0).contains(&mib), "unwind_table_mib must be between 0.001 and 4096, not {mib}");
     Ok((mib * 1024.0 * 1024.0 / size_of::<agent_common::UnwindRow>() as f64) as u32)
 }
 

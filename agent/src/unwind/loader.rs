@@ -1,7 +1,10 @@
 //! Loads unwind tables into the kernel for the processes the resolve stage captures. A table
 //! is built once per executable (by build id, else by device and inode), whatever number of
-//! processes map it, and freed when none does. Tables share a fixed row budget: a table that
-//! does not fit is left out, and its code is walked by frame pointers (counted in metrics).
+//! processes map it. Tables share a fixed row budget (the kernel's arrays are preallocated at
+//! that size): a table no process maps any more stays loaded, idle, until its space is needed,
+//! so that a binary run again and again (cron jobs, shells, health checks) is parsed once. A
+//! table that does not fit even after the idle ones are evicted is left out, and its code is
+//! walked by frame pointers (counted in metrics); the next process that maps it tries again.
 use std::{collections::HashMap, path::PathBuf, time::Instant};
 
 use agent_common::{ExecMapping, MAX_MAPPINGS};
@@ -34,8 +37,9 @@ pub struct MappedFile {
 
 enum Table {
     /// In the kernel: `rows` rows from `first_row`, `pages` page index entries from
-    /// `first_page`.
-    Loaded { first_row: u32, rows: u32, first_page: u32, pages: u32, placement: Placement },
+    /// `first_page`. `idle_since`: the interval (`Unwinder::intervals`) from which no process
+    /// maps it.
+    Loaded { first_row: u32, rows: u32, first_page: u32, pages: u32, placement: Placement, idle_since: Option<u64> },
     /// Walked by frame pointers: the file has no usable table, or it did not fit the budget.
     FramePointers { over_budget: bool },
 }
@@ -48,6 +52,8 @@ pub struct Unwinder {
     /// Slots of the mapping array, and which each loaded process holds (first, count).
     slots: Space,
     processes: HashMap<u32, (u32, u32)>,
+    /// Intervals ended (`retain` calls).
+    intervals: u64,
 }
 
 impl Unwinder {
@@ -60,6 +66,7 @@ impl Unwinder {
             maps,
             tables: HashMap::new(),
             processes: HashMap::new(),
+            intervals: 0,
         }
     }
 
@@ -68,7 +75,7 @@ impl Unwinder {
     pub fn load_process(&mut self, tgid: u32, files: &[MappedFile]) -> Result<()> {
         let mut mappings = Vec::new();
         for file in files {
-            let &Table::Loaded { first_row, rows, first_page, pages, ref placement } = self.table(file) else { continue };
+            let &Table::Loaded { first_row, rows, first_page, pages, ref placement, .. } = self.table(file) else { continue };
             let Some(bias) = placement.bias(file.start, file.file_offset) else { continue };
             mappings.push(ExecMapping { start: file.start, end: file.end, bias, first_row, rows, first_page, pages });
         }
@@ -95,20 +102,22 @@ impl Unwinder {
         }
     }
 
-    /// Frees the tables of executables no process maps any more. Call once per interval,
-    /// after the drain and after forgetting exited processes.
+    /// Marks the tables of executables no process maps any more as idle, and forgets the
+    /// files walked by frame pointers that none maps (a binary left out of the budget is
+    /// tried again). Call once per interval, after the drain and after forgetting exited
+    /// processes.
     pub fn retain(&mut self, live: impl Fn(&TableKey) -> bool) {
         self.rows.release();
         self.pages.release();
         self.slots.release();
-        let (rows, pages) = (&mut self.rows, &mut self.pages);
-        self.tables.retain(|key, table| {
-            let keep = live(key);
-            if let (false, &Table::Loaded { first_row, rows: row_count, first_page, pages: page_count, .. }) = (keep, &*table) {
-                rows.give_back(first_row, row_count);
-                pages.give_back(first_page, page_count);
+        self.intervals += 1;
+        let now = self.intervals;
+        self.tables.retain(|key, table| match table {
+            Table::Loaded { idle_since, .. } => {
+                *idle_since = if live(key) { None } else { idle_since.or(Some(now)) };
+                true
             }
-            keep
+            Table::FramePointers { .. } => live(key),
         });
         self.publish();
     }
@@ -120,7 +129,39 @@ impl Unwinder {
             self.tables.insert(file.key.clone(), table);
             self.publish();
         }
-        &self.tables[&file.key]
+        let table = self.tables.get_mut(&file.key).expect("inserted above");
+        if let Table::Loaded { idle_since, .. } = table {
+            *idle_since = None;
+        }
+        table
+    }
+
+    /// Space for a table: `rows` rows and `pages` index entries, evicting idle tables (the
+    /// longest idle first) while it does not fit. Only tables idle since before the last
+    /// drain are evicted: no walk can still be reading them.
+    fn space_for(&mut self, rows: u32, pages: u32) -> Option<(u32, u32)> {
+        loop {
+            if let Some(first_row) = self.rows.take(rows) {
+                match self.pages.take(pages) {
+                    Some(first_page) => return Some((first_row, first_page)),
+                    None => self.rows.give_back_now(first_row, rows),
+                }
+            }
+            let evictable = self
+                .tables
+                .iter()
+                .filter_map(|(key, table)| match table {
+                    Table::Loaded { idle_since: Some(since), .. } if *since < self.intervals => Some((*since, key.clone())),
+                    _ => None,
+                })
+                .min_by_key(|(since, _)| *since)?;
+            if let Some(Table::Loaded { first_row, rows, first_page, pages, .. }) = self.tables.remove(&evictable.1) {
+                tracing::debug!(key = ?evictable.1, "evicting an idle unwind table to make room");
+                metrics::add("ember_unwind_tables_evicted_total", &[], 1.0);
+                self.rows.give_back_now(first_row, rows);
+                self.pages.give_back_now(first_page, pages);
+            }
+        }
     }
 
     fn build(&mut self, file: &MappedFile) -> Table {
@@ -135,15 +176,11 @@ impl Unwinder {
             }
         };
         metrics::add("ember_unwind_build_seconds_total", &[], started.elapsed().as_secs_f64());
+        metrics::add("ember_unwind_tables_built_total", &[], 1.0);
         let (rows, pages) = (table.rows.len() as u32, table.pages.len() as u32);
-        let over_budget = || {
+        let Some((first_row, first_page)) = self.space_for(rows, pages) else {
             tracing::warn!(path = %file.path.display(), rows, "unwind table budget exhausted: walked by frame pointers (raise unwind_table_mib)");
-            Table::FramePointers { over_budget: true }
-        };
-        let Some(first_row) = self.rows.take(rows) else { return over_budget() };
-        let Some(first_page) = self.pages.take(pages) else {
-            self.rows.give_back(first_row, rows);
-            return over_budget();
+            return Table::FramePointers { over_budget: true };
         };
         if let Err(e) = self.maps.write_table((first_row, &table.rows), (first_page, &table.pages)) {
             tracing::warn!(path = %file.path.display(), "loading an unwind table failed: {e:#}");
@@ -151,11 +188,13 @@ impl Unwinder {
             self.pages.give_back(first_page, pages);
             return Table::FramePointers { over_budget: false };
         }
-        Table::Loaded { first_row, rows, first_page, pages, placement: table.placement }
+        Table::Loaded { first_row, rows, first_page, pages, placement: table.placement, idle_since: None }
     }
 
     fn publish(&self) {
         let loaded = self.tables.values().filter(|t| matches!(t, Table::Loaded { .. })).count();
+        let idle = self.tables.values().filter(|t| matches!(t, Table::Loaded { idle_since: Some(_), .. })).count();
+        metrics::set("ember_unwind_tables_idle", &[], idle as f64);
         let over_budget = self.tables.values().filter(|t| matches!(t, Table::FramePointers { over_budget: true })).count();
         metrics::set("ember_unwind_tables", &[], loaded as f64);
         metrics::set("ember_unwind_over_budget", &[], over_budget as f64);

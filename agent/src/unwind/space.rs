@@ -31,19 +31,25 @@ impl Space {
         self.held.push((first, len));
     }
 
+    /// Gives back entries no walk can still be reading (unused since before the last
+    /// drain): usable at once.
+    pub fn give_back_now(&mut self, first: u32, len: u32) {
+        let index = self.free.partition_point(|&(start, _)| start < first);
+        self.free.insert(index, (first, len));
+        // Merge with the neighbours it touches.
+        if index + 1 < self.free.len() && first + len == self.free[index + 1].0 {
+            self.free[index].1 += self.free.remove(index + 1).1;
+        }
+        if index > 0 && self.free[index - 1].0 + self.free[index - 1].1 == first {
+            self.free[index - 1].1 += self.free.remove(index).1;
+        }
+    }
+
     /// Makes the entries given back before the last interval's drain free again. Call once per
     /// interval, after the drain (whose barrier outlasts every walk that began before it).
     pub fn release(&mut self) {
         for (first, len) in std::mem::take(&mut self.held) {
-            let index = self.free.partition_point(|&(start, _)| start < first);
-            self.free.insert(index, (first, len));
-            // Merge with the neighbours it touches.
-            if index + 1 < self.free.len() && first + len == self.free[index + 1].0 {
-                self.free[index].1 += self.free.remove(index + 1).1;
-            }
-            if index > 0 && self.free[index - 1].0 + self.free[index - 1].1 == first {
-                self.free[index - 1].1 += self.free.remove(index).1;
-            }
+            self.give_back_now(first, len);
         }
     }
 
