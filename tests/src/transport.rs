@@ -13,6 +13,18 @@ pub fn collector_bin() -> std::path::PathBuf {
     crate::agent_bin().with_file_name("ember-collector")
 }
 
+/// An agent pushing to `collector` every second, spooling in `spool`, identified as
+/// `agent_id`, with `extra` arguments; returned once its programs are attached.
+pub fn push_agent(collector: SocketAddr, spool: &Path, agent_id: &str, extra: &[&str]) -> Agent {
+    let url = format!("http://{collector}");
+    let mut args = vec!["run", "-F", "99", "--interval", "1s", "--push", &url, "--agent-id", agent_id];
+    args.extend(["--spool-dir", spool.to_str().unwrap()]);
+    args.extend(extra);
+    let mut agent = Agent::spawn(&args);
+    agent.wait_ready();
+    agent
+}
+
 /// A loopback port nobody listens on.
 pub fn free_address() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()

@@ -13,19 +13,14 @@ use std::{
 use ember_proto::ember::Profile;
 use ember_tests::{
     empty_pprof_gzip, fetch_metrics, metric_value, require_root,
-    transport::{free_address, spool_is_empty, stop_agent, stored, CollectorProcess},
+    transport::{self, free_address, spool_is_empty, stop_agent, stored, CollectorProcess},
     wait_for_metric, Agent, TempDir,
 };
 use prost::Message;
 
+/// An agent that profiles only pid 1 (a few samples) and pushes every second.
 fn push_agent(collector: SocketAddr, spool: &Path, agent_id: &str, extra: &[&str]) -> Agent {
-    let url = format!("http://{collector}");
-    let mut args = vec!["run", "-F", "19", "--interval", "1s", "--pid", "1", "--push", &url, "--agent-id", agent_id];
-    args.extend(["--spool-dir", spool.to_str().unwrap()]);
-    args.extend(extra);
-    let mut agent = Agent::spawn(&args);
-    agent.wait_ready();
-    agent
+    transport::push_agent(collector, spool, agent_id, &[&["--pid", "1"], extra].concat())
 }
 
 /// Runs a pushing agent for 3 s against a collector that is up; it must leave nothing spooled.

@@ -1,24 +1,14 @@
 //! Transport end to end on loopback: agents push to a real collector over gRPC; the collector
 //! stores, de-duplicates and merges. Needs root (the agent loads BPF programs).
-use std::{net::SocketAddr, path::Path, process::Command, time::Duration};
+use std::{process::Command, time::Duration};
 
 use ember_tests::{
     http_get, http_get_with, require_root,
-    transport::{collector_bin, free_address, health_and_services, spool_is_empty, stop_agent as stop, stored, CollectorProcess},
+    transport::{collector_bin, free_address, health_and_services, push_agent, spool_is_empty, stop_agent as stop, stored, CollectorProcess},
     Agent, Decoded, Fixture, TempDir,
 };
 
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
-
-fn push_agent(address: SocketAddr, spool: &Path, extra: &[&str]) -> Agent {
-    let url = format!("http://{address}");
-    let mut args = vec!["run", "-F", "99", "--interval", "1s", "--push", &url, "--agent-id", "test-agent"];
-    args.extend(["--spool-dir", spool.to_str().unwrap()]);
-    args.extend(extra);
-    let mut agent = Agent::spawn(&args);
-    agent.wait_ready();
-    agent
-}
 
 #[test]
 fn pushed_profiles_are_stored_and_query_returns_the_fixtures_totals() {
@@ -29,7 +19,7 @@ fn pushed_profiles_are_stored_and_query_returns_the_fixtures_totals() {
     let collector = CollectorProcess::start_with_http(address, http, &data, &[]);
     let mut fixture = Fixture::spawn(FIXTURE, "split", 2.0);
     let pid = fixture.pid().to_string();
-    let agent = push_agent(address, &spool, &["--pid", &pid, "--output-dir", local.to_str().unwrap()]);
+    let agent = push_agent(address, &spool, "test-agent", &["--pid", &pid, "--output-dir", local.to_str().unwrap()]);
     fixture.start();
     fixture.finish();
     stop(agent);
@@ -74,7 +64,7 @@ fn collector_outage_and_agent_restart_lose_nothing_and_store_each_profile_once()
     let dir = TempDir::new("outage");
     let (address, data, spool) = (free_address(), dir.path("data"), dir.path("spool"));
     let collector = CollectorProcess::start(address, &data);
-    let agent = push_agent(address, &spool, &["--pid", "1"]);
+    let agent = push_agent(address, &spool, "test-agent", &["--pid", "1"]);
     std::thread::sleep(Duration::from_secs(3));
     collector.stop();
     // 30 s without a collector: the agent keeps profiling into its spool.
@@ -83,7 +73,7 @@ fn collector_outage_and_agent_restart_lose_nothing_and_store_each_profile_once()
     // The agent stops while the collector is still down: its spool must survive the restart.
     stop(agent);
     let collector = CollectorProcess::start(address, &data);
-    let agent = push_agent(address, &spool, &["--pid", "1"]);
+    let agent = push_agent(address, &spool, "test-agent", &["--pid", "1"]);
     std::thread::sleep(Duration::from_secs(3));
     stop(agent);
     collector.stop();
@@ -194,11 +184,11 @@ fn a_collector_with_a_token_refuses_pushes_and_queries_without_it() {
     assert_eq!(http_get_with(http, "/query?kind=cpu", "Authorization: Bearer s3cret-token\r\n").0, 404);
 
     // An agent with the wrong token keeps its profiles; with the right one they arrive.
-    let agent = push_agent(address, &spool, &["--pid", "1", "--token-file", wrong_file.to_str().unwrap()]);
+    let agent = push_agent(address, &spool, "test-agent", &["--pid", "1", "--token-file", wrong_file.to_str().unwrap()]);
     std::thread::sleep(Duration::from_secs(3));
     stop(agent);
     assert!(!spool_is_empty(&spool), "refused profiles must stay spooled");
-    let agent = push_agent(address, &spool, &["--pid", "1", "--token-file", token_file.to_str().unwrap()]);
+    let agent = push_agent(address, &spool, "test-agent", &["--pid", "1", "--token-file", token_file.to_str().unwrap()]);
     std::thread::sleep(Duration::from_secs(2));
     stop(agent);
     assert!(spool_is_empty(&spool));
