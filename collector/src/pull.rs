@@ -4,8 +4,8 @@
 use std::{sync::Arc, time::Duration};
 
 use anyhow::{Context as _, Result};
-use backon::{BackoffBuilder as _, ExponentialBuilder};
 use ember_proto::{
+    backoff::Backoff,
     ember::{agent_client::AgentClient, IdentityRequest, PullRequest},
     security::{Bearer, ClientSecurity},
 };
@@ -19,24 +19,6 @@ use crate::{
 const MIN_BACKOFF: Duration = Duration::from_millis(500);
 /// With jitter a wait is up to twice this.
 const MAX_BACKOFF: Duration = Duration::from_secs(15);
-
-/// The waits between attempts to pull from one agent: exponential with jitter while it stays
-/// unreachable, and back to the shortest once a session has stored profiles (an agent that
-/// restarts after a day of pulls is not a long outage).
-struct Reconnect(backon::ExponentialBackoff);
-
-impl Reconnect {
-    fn new() -> Reconnect {
-        Reconnect(ExponentialBuilder::new().with_min_delay(MIN_BACKOFF).with_max_delay(MAX_BACKOFF).with_jitter().without_max_times().build())
-    }
-
-    fn next(&mut self, stored_some: bool) -> Duration {
-        if stored_some {
-            *self = Reconnect::new();
-        }
-        self.0.next().unwrap_or(MAX_BACKOFF)
-    }
-}
 
 /// An agent to pull from: where, and with which TLS settings and token.
 pub struct Source {
@@ -57,14 +39,18 @@ impl Source {
 pub async fn pull_forever(source: Source, store: Arc<Store>, stop: impl std::future::Future<Output = ()>) {
     tokio::pin!(stop);
     let url = &source.url;
-    let mut reconnect = Reconnect::new();
+    let mut backoff = Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
     loop {
         let mut stored = 0;
         let result = tokio::select! {
             _ = &mut stop => return,
             result = pull_once(&source, &store, &mut stored) => result,
         };
-        let wait = reconnect.next(stored > 0);
+        // An agent that restarts after a day of pulls is not a long outage.
+        if stored > 0 {
+            backoff.reset();
+        }
+        let wait = backoff.next();
         if let Err(e) = result {
             tracing::warn!(agent = url, stored, "pull interrupted, retrying in {wait:?}: {e:#}");
         }
@@ -97,17 +83,4 @@ async fn pull_once(source: &Source, store: &Arc<Store>, stored: &mut u64) -> Res
         *stored += 1;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn waits_grow_while_unreachable_and_start_over_after_a_session_that_stored() {
-        let mut reconnect = Reconnect::new();
-        let waits: Vec<Duration> = (0..8).map(|_| reconnect.next(false)).collect();
-        assert!(waits[0] < Duration::from_secs(1) && waits[7] >= MAX_BACKOFF, "{waits:?}");
-        assert!(reconnect.next(true) < Duration::from_secs(1), "a session that stored profiles resets the wait");
-    }
 }

@@ -13,4 +13,5 @@ pub mod ember {
 /// Encoded descriptors of every message and service above, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ember_descriptor.bin"));
 
+pub mod backoff;
 pub mod security;

@@ -6,6 +6,7 @@ use std::{future::Future, sync::Arc, time::Duration};
 
 use anyhow::Result;
 use ember_proto::{
+    backoff::Backoff,
     ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest},
     security::Bearer,
 };
@@ -20,7 +21,8 @@ use crate::ops::metrics;
 const BATCH: usize = 16;
 const IDLE_POLL: Duration = Duration::from_millis(500);
 const MIN_BACKOFF: Duration = Duration::from_millis(500);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// With jitter a wait is up to twice this.
+const MAX_BACKOFF: Duration = Duration::from_secs(15);
 
 /// Where a shipper sends profiles.
 pub trait Sink: Send + 'static {
@@ -73,12 +75,12 @@ impl Sink for CollectorSink {
 pub struct Shipper<S> {
     sink: S,
     spool: Arc<Spool>,
-    backoff: Duration,
+    backoff: Backoff,
 }
 
 impl<S: Sink> Shipper<S> {
     pub fn new(sink: S, spool: Arc<Spool>) -> Shipper<S> {
-        Shipper { sink, spool, backoff: MIN_BACKOFF }
+        Shipper { sink, spool, backoff: Backoff::new(MIN_BACKOFF, MAX_BACKOFF) }
     }
 
     /// Sends one batch and forgets what the sink acknowledged. Ok(true): the spool shrank;
@@ -140,7 +142,7 @@ impl<S: Sink> Shipper<S> {
                         tracing::info!("{} reachable again: sending spooled profiles", S::NAME);
                         failing = false;
                     }
-                    self.backoff = MIN_BACKOFF;
+                    self.backoff.reset();
                     Duration::ZERO
                 }
                 Ok(false) => IDLE_POLL,
@@ -150,9 +152,7 @@ impl<S: Sink> Shipper<S> {
                         tracing::warn!(code = ?status.code(), "sending to {} failed, spooling profiles until it works: {}", S::NAME, status.message());
                         failing = true;
                     }
-                    let wait = jitter(self.backoff);
-                    self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-                    wait
+                    self.backoff.next()
                 }
             };
             tokio::select! {
@@ -170,10 +170,4 @@ impl<S: Sink> Shipper<S> {
 /// A spool failure (disk) is reported like a send failure: logged, retried with backoff.
 fn spool_error(error: anyhow::Error) -> Status {
     Status::internal(format!("spool: {error:#}"))
-}
-
-/// 50-100% of the delay, so agents that lost the collector together do not return together.
-fn jitter(delay: Duration) -> Duration {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().subsec_nanos();
-    delay.mul_f64(0.5 + (nanos % 1000) as f64 / 2000.0)
 }
