@@ -190,8 +190,7 @@ mod tests {
     use super::*;
 
     fn shed() -> f64 {
-        let text = metrics::render();
-        text.lines().find_map(|l| l.strip_prefix("ember_lost_total{reason=\"pipeline_full\"} ")).map_or(0.0, |v| v.parse().unwrap())
+        metrics::value("ember_lost_total", &[("reason", "pipeline_full")])
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::{
     collections::BTreeMap,
     sync::Arc,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use anyhow::Result;
@@ -132,15 +132,11 @@ async fn merged(api: &Api, kind: &str, selector: &str, from: u64, to: u64) -> Re
 
 const NS: u64 = 1_000_000_000;
 
-fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs() + 1
-}
-
 async fn query_handler(State(api): State<Arc<Api>>, Query(q): Query<Range>) -> Response {
     if !query::FORMATS.contains(&q.format.as_str()) {
         return error(StatusCode::BAD_REQUEST, format!("unknown format {:?}: use pprof, folded or svg", q.format));
     }
-    let to = q.to.unwrap_or_else(now);
+    let to = q.to.unwrap_or_else(query::now_seconds);
     let from = q.from.unwrap_or(to.saturating_sub(DEFAULT_RANGE));
     let (profile, _) = match merged(&api, &q.kind, &q.selector, from, to).await {
         Ok(found) => found,

@@ -1,6 +1,6 @@
 //! The commands that read a stopped collector's data directory (the store is locked by the
 //! process that has it open): `list` and `query`.
-use std::{path::PathBuf, time::UNIX_EPOCH};
+use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 
@@ -9,9 +9,8 @@ use crate::{query, store};
 pub fn run_query(data_dir: PathBuf, kind: String, selector: String, from: Option<u64>, to: Option<u64>, format: String, output: PathBuf) -> Result<()> {
     let store = store::Store::open(&data_dir)?;
     let selector = query::parse_selector(&selector)?;
-    let now = std::time::SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs() + 1;
     let nanos = |s: u64| s.saturating_mul(1_000_000_000);
-    let (profile, count) = query::merged(&store, &kind, &selector, nanos(from.unwrap_or(0)), nanos(to.unwrap_or(now)), None)?
+    let (profile, count) = query::merged(&store, &kind, &selector, nanos(from.unwrap_or(0)), nanos(to.unwrap_or_else(query::now_seconds)), None)?
         .with_context(|| format!("no {kind} profiles match in that time range"))?;
     let bytes = query::render(&profile, &kind, &format)?;
     std::fs::write(&output, bytes).with_context(|| format!("writing {}", output.display()))?;

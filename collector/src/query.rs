@@ -1,6 +1,9 @@
 //! Query: merges the stored profiles of one kind that match a label selector and a time
 //! range into one pprof, folded stacks, or an SVG flame graph.
-use std::{collections::BTreeMap, time::Instant};
+use std::{
+    collections::BTreeMap,
+    time::{Instant, SystemTime, UNIX_EPOCH},
+};
 
 use anyhow::{bail, Context as _, Result};
 use ember_proto::pprof::Profile;
@@ -68,6 +71,11 @@ pub fn merged(store: &Store, kind: &str, selector: &BTreeMap<String, String>, fr
     }
     partials.push(ember_pprof::merge(&chunk)?);
     Ok(Some((ember_pprof::merge(&partials)?, count)))
+}
+
+/// The end of a range that holds the current second: its default.
+pub fn now_seconds() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs() + 1
 }
 
 pub const FORMATS: [&str; 3] = ["pprof", "folded", "svg"];

@@ -239,14 +239,20 @@ impl Store {
 mod tests {
     use super::*;
 
+    /// An empty directory for one test's store.
+    fn fresh_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("ember-store-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
     fn profile(sequence: u64, start: i64, bytes: usize) -> Profile {
         Profile { sequence, kind: "cpu".into(), start_unix_nanos: start, end_unix_nanos: start + 1, pprof_gzip: vec![0; bytes], ..Default::default() }
     }
 
     #[test]
     fn stores_once_survives_reopen_and_enforces_retention() {
-        let dir = std::env::temp_dir().join(format!("ember-store-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = fresh_dir("test");
         let agent = AgentIdentity { agent_id: "a".into(), ..Default::default() };
         {
             let store = Store::open(&dir).unwrap();
@@ -279,8 +285,7 @@ mod tests {
 
     #[test]
     fn de_duplication_records_go_with_retention() {
-        let dir = std::env::temp_dir().join(format!("ember-store-growth-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = fresh_dir("growth");
         let store = Store::open(&dir).unwrap();
         // A hundred spools (pods restarted with fresh spools), ten profiles each.
         for spool in 1..=100u64 {
@@ -299,8 +304,7 @@ mod tests {
 
     #[test]
     fn the_database_file_is_kept_within_the_size_limit() {
-        let dir = std::env::temp_dir().join(format!("ember-store-size-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = fresh_dir("size");
         let store = Store::open(&dir).unwrap();
         let agent = AgentIdentity { agent_id: "a".into(), spool_id: 1, ..Default::default() };
         for n in 1..=64u64 {
@@ -320,8 +324,7 @@ mod tests {
 
     #[test]
     fn sequences_count_per_spool_not_per_agent_name() {
-        let dir = std::env::temp_dir().join(format!("ember-store-spools-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = fresh_dir("spools");
         let store = Store::open(&dir).unwrap();
         let old = AgentIdentity { agent_id: "pod-a".into(), spool_id: 7, ..Default::default() };
         assert_eq!(store.put(&old, &[profile(1, 100, 10), profile(2, 200, 10)]).unwrap().duplicates, 0);

@@ -81,6 +81,13 @@ pub fn render() -> String {
     out
 }
 
+/// A series' value now (0 before its first update), for tests.
+#[cfg(test)]
+pub fn value(name: &'static str, labels: &[(&str, &str)]) -> f64 {
+    let registry = REGISTRY.lock().expect("metrics lock");
+    registry.get(name).and_then(|series| series.get(&key(labels))).copied().unwrap_or(0.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
