@@ -62,8 +62,9 @@ impl Pipeline {
                 let info = ProfileInfo { event, frequency };
                 for job in queue {
                     let result = process(&mut symbolizer, &info, &job.interval, &job.plan, shipping.as_ref());
-                    metrics::set("ember_symbol_cache_hits_total", &[], symbolizer.hits as f64);
-                    metrics::set("ember_symbol_cache_misses_total", &[], symbolizer.misses as f64);
+                    // Each kind's pipeline has its own symbolizer: all add to the same counters.
+                    metrics::add("ember_symbol_cache_hits_total", &[], std::mem::take(&mut symbolizer.hits) as f64);
+                    metrics::add("ember_symbol_cache_misses_total", &[], std::mem::take(&mut symbolizer.misses) as f64);
                     // Give back what symbolizing and encoding freed: glibc keeps freed pages
                     // otherwise, and the agent's RSS would stay at its busiest interval's.
                     // SAFETY: no preconditions; it only returns free heap pages to the kernel.

@@ -7,7 +7,7 @@ use tokio::time::{interval_at, Instant, MissedTickBehavior};
 
 use crate::{
     kernel::preflight,
-    ops::{losses, metrics, status},
+    ops::{losses, status},
     pipeline::Pipeline,
     resolve::{pods, Resolver, Targets},
     settings::RunSettings,
@@ -31,7 +31,6 @@ pub async fn run(settings: RunSettings) -> Result<()> {
         Some(ship) => ship::start(ship, &until_stopped).map(|(shipping, tasks)| (Some(shipping), tasks))?,
         None => (None, vec![]),
     };
-    metrics::set("ember_build_info", &[("version", env!("CARGO_PKG_VERSION"))], 1.0);
     let health = status::Health::new(settings.interval);
     if let Some(address) = settings.http {
         // Up before the programs load, so probes see "live, not ready" meanwhile.

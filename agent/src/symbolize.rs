@@ -40,6 +40,7 @@ pub struct Symbolizer {
     /// module+offset).
     poisoned: HashSet<(u64, u64)>,
     kernel: HashMap<u64, Frames>,
+    /// Cache hits and misses since the pipeline last took them for the metrics.
     pub hits: u64,
     pub misses: u64,
 }

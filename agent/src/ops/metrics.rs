@@ -1,91 +1,175 @@
-//! The agent's own metrics, in Prometheus' text format: what it saw, what it lost and why,
-//! how full its maps are, how its caches and sinks do. Every stage records into one registry;
-//! the status server renders it.
+//! The agent's own metrics, in the OpenMetrics text format (prometheus-client encodes it and
+//! escapes label values): what it saw, what it lost and why, how full its maps are, how its
+//! caches and sinks do. Every stage records into one registry; the status server renders it.
 use std::{
-    collections::BTreeMap,
-    fmt::Write as _,
-    sync::{LazyLock, Mutex},
+    collections::HashMap,
+    sync::{LazyLock, Mutex, atomic::AtomicU64},
 };
 
-/// name -> rendered label set -> value.
-static REGISTRY: LazyLock<Mutex<BTreeMap<&'static str, BTreeMap<String, f64>>>> = LazyLock::new(Default::default);
+use prometheus_client::{
+    encoding::{EncodeMetric, text::encode},
+    metrics::{TypedMetric, counter::Counter, family::Family, gauge::Gauge, histogram::Histogram, info::Info},
+    registry::{Metric, Registry},
+};
 
-/// Every metric, with its help text. Names ending in `_total` are counters, the rest gauges.
+/// The content type of `render()`'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+type Labels = Vec<(String, String)>;
+
+/// Every metric, with its help text. Names ending in `_total` are counters, `ember_ship_seconds`
+/// is a histogram, the rest are gauges.
 const HELP: &[(&str, &str)] = &[
-    ("ember_samples_total", "On-CPU samples the kernel programs took."),
-    ("ember_events_total", "Other events the kernel programs saw (off-CPU blocks, network events, idle and filtered samples)."),
-    ("ember_lost_total", "Samples, stacks or profiles lost, by reason."),
-    ("ember_intervals_total", "Intervals drained from the kernel."),
-    ("ember_last_interval_timestamp_seconds", "Unix time of the last drain."),
-    ("ember_map_entries", "Entries in a BPF map at the last drain."),
-    ("ember_map_capacity", "Capacity of a BPF map."),
-    ("ember_map_fill_ratio", "Entries over capacity of a BPF map at the last drain."),
-    ("ember_processes_tracked", "Processes whose mappings the agent holds."),
-    ("ember_user_stacks_total", "User stacks walked, by how the walk ended: complete, or why it stopped (no_process: before the process's unwind tables were loaded, by frame pointers)."),
-    ("ember_unwind_tables", "Executables whose unwind tables are loaded in the kernel."),
-    ("ember_unwind_tables_idle", "Loaded unwind tables no live process maps (kept until their space is needed)."),
-    ("ember_unwind_over_budget", "Executables left out of the unwind table budget (walked by frame pointers)."),
-    ("ember_unwind_rows_used", "Unwind table rows loaded in the kernel."),
-    ("ember_unwind_rows_capacity", "Unwind table rows the kernel can hold (unwind_table_mib)."),
-    ("ember_unwind_build_seconds_total", "Time spent building unwind tables."),
-    ("ember_unwind_tables_built_total", "Unwind tables built (each executable once while its table stays loaded)."),
-    ("ember_unwind_tables_evicted_total", "Idle unwind tables evicted to make room for another."),
-    ("ember_unwind_mappings_dropped_total", "Executable mappings beyond what the walker holds per process (walked by frame pointers)."),
-    ("ember_symbol_cache_hits_total", "Addresses symbolized from the cache."),
-    ("ember_symbol_cache_misses_total", "Addresses symbolized by reading debug info."),
-    ("ember_symbolizer_panics_total", "Binaries whose symbolization panicked (caught; their frames keep module+offset)."),
-    ("ember_ship_seconds_sum", "Time spent sending profiles to a sink."),
-    ("ember_ship_seconds_count", "Batches sent to a sink."),
-    ("ember_ship_failures_total", "Failed sends to a sink (retried)."),
-    ("ember_spool_profiles", "Profiles waiting in a sink's spool."),
-    ("ember_spool_bytes", "Bytes waiting in a sink's spool."),
-    ("ember_kubernetes_pods", "Pods of this node the agent knows from the API server."),
-    ("ember_kubernetes_watch_errors_total", "Failed Kubernetes pod watch requests (retried with backoff)."),
-    ("ember_build_info", "The agent's version."),
+    ("ember_samples_total", "On-CPU samples the kernel programs took"),
+    ("ember_events_total", "Other events the kernel programs saw (off-CPU blocks, network events, idle and filtered samples)"),
+    ("ember_lost_total", "Samples, stacks or profiles lost, by reason"),
+    ("ember_intervals_total", "Intervals drained from the kernel"),
+    ("ember_last_interval_timestamp_seconds", "Unix time of the last drain"),
+    ("ember_map_entries", "Entries in a BPF map at the last drain"),
+    ("ember_map_capacity", "Capacity of a BPF map"),
+    ("ember_map_fill_ratio", "Entries over capacity of a BPF map at the last drain"),
+    ("ember_processes_tracked", "Processes whose mappings the agent holds"),
+    (
+        "ember_user_stacks_total",
+        "User stacks walked, by how the walk ended: complete, or why it stopped (no_process: before the process's unwind tables were loaded, by frame pointers)",
+    ),
+    ("ember_unwind_tables", "Executables whose unwind tables are loaded in the kernel"),
+    ("ember_unwind_tables_idle", "Loaded unwind tables no live process maps (kept until their space is needed)"),
+    ("ember_unwind_over_budget", "Executables left out of the unwind table budget (walked by frame pointers)"),
+    ("ember_unwind_rows_used", "Unwind table rows loaded in the kernel"),
+    ("ember_unwind_rows_capacity", "Unwind table rows the kernel can hold (unwind_table_mib)"),
+    ("ember_unwind_build_seconds_total", "Time spent building unwind tables"),
+    ("ember_unwind_tables_built_total", "Unwind tables built (each executable once while its table stays loaded)"),
+    ("ember_unwind_tables_evicted_total", "Idle unwind tables evicted to make room for another"),
+    ("ember_unwind_mappings_dropped_total", "Executable mappings beyond what the walker holds per process (walked by frame pointers)"),
+    ("ember_symbol_cache_hits_total", "Addresses symbolized from the cache"),
+    ("ember_symbol_cache_misses_total", "Addresses symbolized by reading debug info"),
+    ("ember_symbolizer_panics_total", "Binaries whose symbolization panicked (caught; their frames keep module+offset)"),
+    ("ember_ship_seconds", "Time spent sending a batch of profiles to a sink, in seconds"),
+    ("ember_ship_failures_total", "Failed sends to a sink (retried)"),
+    ("ember_spool_profiles", "Profiles waiting in a sink's spool"),
+    ("ember_spool_bytes", "Bytes waiting in a sink's spool"),
+    ("ember_kubernetes_pods", "Pods of this node the agent knows from the API server"),
+    ("ember_kubernetes_watch_errors_total", "Failed Kubernetes pod watch requests (retried with backoff)"),
 ];
 
-fn key(labels: &[(&str, &str)]) -> String {
-    if labels.is_empty() {
-        return String::new();
-    }
-    let pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", v.replace('\\', "\\\\").replace('"', "\\\""))).collect();
-    format!("{{{}}}", pairs.join(","))
+/// Seconds a send to a sink takes: 1 ms to 16 s.
+fn ship_seconds() -> Histogram {
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(0.001, 4.0, 8))
 }
 
-fn update(name: &'static str, labels: &[(&str, &str)], change: impl FnOnce(&mut f64)) {
-    debug_assert!(HELP.iter().any(|(n, _)| *n == name), "metric {name} has no help text");
-    let mut registry = REGISTRY.lock().expect("metrics lock");
-    change(registry.entry(name).or_default().entry(key(labels)).or_insert(0.0));
+type F64Counter = Counter<f64, AtomicU64>;
+type F64Gauge = Gauge<f64, AtomicU64>;
+
+/// One metric: a single series, or a family of labelled ones (a family always prints braces,
+/// so a metric used without labels is a single series).
+enum Series<M> {
+    One(M),
+    Labelled(Family<Labels, M, fn() -> M>),
 }
 
-pub fn add(name: &'static str, labels: &[(&str, &str)], value: f64) {
-    update(name, labels, |v| *v += value);
-}
-
-pub fn set(name: &'static str, labels: &[(&str, &str)], value: f64) {
-    update(name, labels, |v| *v = value);
-}
-
-/// The registry in Prometheus' text exposition format.
-pub fn render() -> String {
-    let registry = REGISTRY.lock().expect("metrics lock");
-    let mut out = String::new();
-    for (name, help) in HELP {
-        let Some(series) = registry.get(name) else { continue };
-        let kind = if name.ends_with("_total") { "counter" } else { "gauge" };
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (labels, value) in series {
-            let _ = writeln!(out, "{name}{labels} {value}");
+impl<M: Metric + TypedMetric + EncodeMetric + Clone> Series<M> {
+    fn register(registry: &mut Registry, name: &str, help: &str, labelled: bool, make: fn() -> M) -> Self {
+        if labelled {
+            let family = Family::new_with_constructor(make);
+            registry.register(name, help, family.clone());
+            Series::Labelled(family)
+        } else {
+            let metric = make();
+            registry.register(name, help, metric.clone());
+            Series::One(metric)
         }
     }
+
+    fn with<R>(&self, labels: &[(&str, &str)], use_it: impl FnOnce(&M) -> R) -> R {
+        match self {
+            Series::One(metric) => {
+                debug_assert!(labels.is_empty(), "a metric first used without labels got {labels:?}");
+                use_it(metric)
+            }
+            Series::Labelled(family) => {
+                let labels: Labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+                use_it(&family.get_or_create(&labels))
+            }
+        }
+    }
+}
+
+enum Kind {
+    Counter(Series<F64Counter>),
+    Gauge(Series<F64Gauge>),
+    Histogram(Series<Histogram>),
+}
+
+struct Metrics {
+    registry: Registry,
+    by_name: HashMap<&'static str, Kind>,
+}
+
+static METRICS: LazyLock<Mutex<Metrics>> = LazyLock::new(|| {
+    let mut registry = Registry::default();
+    registry.register("ember_build", "The agent's version", Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]));
+    Mutex::new(Metrics { registry, by_name: HashMap::new() })
+});
+
+/// Runs `update` on the metric `name`, registered at its first use (with labels or without).
+fn with_metric<R>(name: &'static str, labelled: bool, update: impl FnOnce(&Kind) -> R) -> R {
+    let mut metrics = METRICS.lock().expect("metrics lock");
+    let Metrics { registry, by_name } = &mut *metrics;
+    let kind = by_name.entry(name).or_insert_with(|| {
+        let help = HELP.iter().find(|(n, _)| *n == name).unwrap_or_else(|| panic!("metric {name} is not in HELP")).1;
+        if let Some(stem) = name.strip_suffix("_total") {
+            // The encoder adds the `_total` suffix to counters itself.
+            Kind::Counter(Series::register(registry, stem, help, labelled, F64Counter::default))
+        } else if name == "ember_ship_seconds" {
+            Kind::Histogram(Series::register(registry, name, help, labelled, ship_seconds))
+        } else {
+            Kind::Gauge(Series::register(registry, name, help, labelled, F64Gauge::default))
+        }
+    });
+    update(kind)
+}
+
+/// Adds to a counter (or a gauge).
+pub fn add(name: &'static str, labels: &[(&str, &str)], value: f64) {
+    with_metric(name, !labels.is_empty(), |kind| match kind {
+        Kind::Counter(series) => _ = series.with(labels, |c| c.inc_by(value)),
+        Kind::Gauge(series) => _ = series.with(labels, |g| g.inc_by(value)),
+        Kind::Histogram(_) => panic!("{name} is a histogram: observe() it"),
+    })
+}
+
+/// Sets a gauge.
+pub fn set(name: &'static str, labels: &[(&str, &str)], value: f64) {
+    with_metric(name, !labels.is_empty(), |kind| match kind {
+        Kind::Gauge(series) => _ = series.with(labels, |g| g.set(value)),
+        _ => panic!("{name} is not a gauge"),
+    })
+}
+
+/// Records one observation in a histogram.
+pub fn observe(name: &'static str, labels: &[(&str, &str)], value: f64) {
+    with_metric(name, !labels.is_empty(), |kind| match kind {
+        Kind::Histogram(series) => series.with(labels, |h| h.observe(value)),
+        _ => panic!("{name} is not a histogram"),
+    })
+}
+
+/// The registry in the OpenMetrics text format.
+pub fn render() -> String {
+    let mut out = String::new();
+    encode(&mut out, &METRICS.lock().expect("metrics lock").registry).expect("writing to a String cannot fail");
     out
 }
 
-/// A series' value now (0 before its first update), for tests.
+/// A counter's or gauge's value now, for tests.
 #[cfg(test)]
 pub fn value(name: &'static str, labels: &[(&str, &str)]) -> f64 {
-    let registry = REGISTRY.lock().expect("metrics lock");
-    registry.get(name).and_then(|series| series.get(&key(labels))).copied().unwrap_or(0.0)
+    with_metric(name, !labels.is_empty(), |kind| match kind {
+        Kind::Counter(series) => series.with(labels, |c| c.get()),
+        Kind::Gauge(series) => series.with(labels, |g| g.get()),
+        Kind::Histogram(_) => panic!("{name} is a histogram"),
+    })
 }
 
 #[cfg(test)]
@@ -93,14 +177,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn renders_counters_and_gauges_with_escaped_labels() {
+    fn renders_counters_gauges_and_histograms_with_escaped_labels() {
         add("ember_lost_total", &[("reason", "map_full")], 2.0);
         add("ember_lost_total", &[("reason", "map_full")], 3.0);
-        set("ember_spool_profiles", &[("sink", "a\"b")], 7.0);
+        set("ember_spool_profiles", &[("sink", "a\"b\nc\\d")], 7.0);
+        observe("ember_ship_seconds", &[("sink", "s")], 0.002);
         let text = render();
-        assert!(text.contains("# TYPE ember_lost_total counter\n"), "{text}");
-        assert!(text.contains("ember_lost_total{reason=\"map_full\"} 5\n"), "{text}");
+        assert!(text.contains("# TYPE ember_lost counter\n"), "{text}");
+        assert!(text.contains("ember_lost_total{reason=\"map_full\"} 5.0\n"), "{text}");
         assert!(text.contains("# TYPE ember_spool_profiles gauge\n"), "{text}");
-        assert!(text.contains("ember_spool_profiles{sink=\"a\\\"b\"} 7\n"), "{text}");
+        // A quote, a newline and a backslash in a label value stay on one line, escaped.
+        assert!(text.contains("ember_spool_profiles{sink=\"a\\\"b\\nc\\\\d\"} 7.0\n"), "{text}");
+        assert!(text.contains("ember_ship_seconds_bucket{le=\"0.001\",sink=\"s\"} 0\n"), "{text}");
+        assert!(text.contains("ember_ship_seconds_bucket{le=\"0.004\",sink=\"s\"} 1\n"), "{text}");
+        assert!(text.contains("ember_ship_seconds_bucket{le=\"+Inf\",sink=\"s\"} 1\n"), "{text}");
+        assert!(text.contains("ember_build_info{version=\""), "{text}");
+        add("ember_intervals_total", &[], 1.0);
+        assert!(render().contains("\nember_intervals_total 1.0\n"), "a metric without labels has no braces");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert_eq!(value("ember_lost_total", &[("reason", "map_full")]), 5.0);
     }
 }

@@ -66,6 +66,6 @@ pub async fn serve(listener: TcpListener, health: Arc<Health>, stop: impl std::f
     let router = Router::new()
         .route("/healthz", get(move || async move { answer(live.live(), "the drain loop has stalled") }))
         .route("/readyz", get(move || async move { answer(ready.ready.load(Ordering::Relaxed), "BPF programs not attached yet") }))
-        .route("/metrics", get(|| async { ([("content-type", "text/plain; version=0.0.4")], metrics::render()) }));
+        .route("/metrics", get(|| async { ([("content-type", metrics::CONTENT_TYPE)], metrics::render()) }));
     axum::serve(listener, router).with_graceful_shutdown(stop).await.context("status server")
 }

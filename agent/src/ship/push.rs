@@ -94,8 +94,7 @@ impl<S: Sink> Shipper<S> {
         let sequences: Vec<u64> = profiles.iter().map(|p| p.sequence).collect();
         let started = std::time::Instant::now();
         let sent = self.sink.send(profiles).await;
-        metrics::add("ember_ship_seconds_sum", &[("sink", S::NAME)], started.elapsed().as_secs_f64());
-        metrics::add("ember_ship_seconds_count", &[("sink", S::NAME)], 1.0);
+        metrics::observe("ember_ship_seconds", &[("sink", S::NAME)], started.elapsed().as_secs_f64());
         let acknowledged = match sent {
             Ok(acknowledged) => acknowledged,
             // The sink refused the whole batch for its content: retrying cannot help.
