@@ -36,6 +36,30 @@ pub fn agent_bin() -> PathBuf {
     agent
 }
 
+/// The deployment files (systemd units, Kubernetes manifests, the default config).
+pub const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
+
+/// The capabilities the agent's unit grants, as setpriv names them ("+bpf,+perfmon,...").
+pub fn unit_capabilities() -> String {
+    let unit = std::fs::read_to_string(Path::new(DEPLOY).join("systemd/ember-agent.service")).unwrap();
+    let line = unit.lines().find_map(|l| l.strip_prefix("AmbientCapabilities=")).expect("AmbientCapabilities in the unit");
+    let bounding = unit.lines().find_map(|l| l.strip_prefix("CapabilityBoundingSet=")).expect("CapabilityBoundingSet in the unit");
+    assert_eq!(line, bounding, "the unit grants what it bounds");
+    line.split_whitespace().map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase())).collect::<Vec<_>>().join(",")
+}
+
+/// The agent as its systemd unit runs it: as nobody, with only the unit's capabilities (no
+/// CAP_SYS_ADMIN, so no /proc/<pid>/map_files). Where it writes must be writable by nobody.
+pub fn least_privilege_agent() -> Command {
+    let caps = unit_capabilities();
+    let mut command = Command::new("setpriv");
+    command
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--no-new-privs"])
+        .args([format!("--inh-caps=-all,{caps}"), format!("--ambient-caps=-all,{caps}"), format!("--bounding-set=-all,{caps}")])
+        .arg(agent_bin());
+    command
+}
+
 /// The cgroup2 mount (/sys/fs/cgroup, or /sys/fs/cgroup/unified on hybrid hosts).
 pub fn cgroup2_root() -> PathBuf {
     let mounts = std::fs::read_to_string("/proc/mounts").expect("reading /proc/mounts");

@@ -4,13 +4,12 @@
 use std::{path::Path, process::Command, time::Duration};
 
 use ember_tests::{
-    agent_bin, http_get, metric, require_root,
+    agent_bin, http_get, least_privilege_agent, metric, require_root,
     transport::{collector_bin, free_address, stop_agent},
-    Agent, Decoded, Fixture, TempDir,
+    Agent, Decoded, Fixture, TempDir, DEPLOY,
 };
 
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
-const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
 
 #[test]
 fn systemd_units_verify() {
@@ -45,31 +44,18 @@ fn kubernetes_manifests_validate_against_the_schemas() {
     }
 }
 
-/// The capabilities the agent's unit grants, as setpriv names them ("+bpf,+perfmon,...").
-fn unit_capabilities() -> String {
-    let unit = std::fs::read_to_string(Path::new(DEPLOY).join("systemd/ember-agent.service")).unwrap();
-    let line = unit.lines().find_map(|l| l.strip_prefix("AmbientCapabilities=")).expect("AmbientCapabilities in the unit");
-    let bounding = unit.lines().find_map(|l| l.strip_prefix("CapabilityBoundingSet=")).expect("CapabilityBoundingSet in the unit");
-    assert_eq!(line, bounding, "the unit grants what it bounds");
-    line.split_whitespace().map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase())).collect::<Vec<_>>().join(",")
-}
-
 #[test]
 fn agent_with_only_the_units_capabilities_profiles_and_serves_health_and_metrics() {
     require_root();
     let dir = TempDir::new("least-privilege");
     // The unprivileged user writes here.
     std::fs::set_permissions(&dir.0, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
-    let caps = unit_capabilities();
     let (status, collector) = (free_address(), free_address());
     let (local, spool) = (dir.path("local"), dir.path("spool"));
     let mut fixture = Fixture::spawn(FIXTURE, "split", 2.0);
     let pid = fixture.pid();
-    let mut command = Command::new("setpriv");
+    let mut command = least_privilege_agent();
     command
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--no-new-privs"])
-        .args([format!("--inh-caps=-all,{caps}"), format!("--ambient-caps=-all,{caps}"), format!("--bounding-set=-all,{caps}")])
-        .arg(agent_bin())
         .args(["run", "--config", &format!("{DEPLOY}/agent.toml"), "-F", "99", "--interval", "1s"])
         .args(["--push", &format!("http://{collector}"), "--spool-dir", spool.to_str().unwrap()])
         .args(["--output-dir", local.to_str().unwrap(), "--http", &status.to_string()]);

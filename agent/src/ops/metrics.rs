@@ -42,6 +42,7 @@ const HELP: &[(&str, &str)] = &[
     ("ember_unwind_tables_built_total", "Unwind tables built (each executable once while its table stays loaded)"),
     ("ember_unwind_tables_evicted_total", "Idle unwind tables evicted to make room for another"),
     ("ember_unwind_mappings_dropped_total", "Executable mappings beyond what the walker holds per process (walked by frame pointers)"),
+    ("ember_binaries_unopened_total", "Mapped files the agent could not open as the process maps them, by reason: unreachable (deleted, or its path leads out of the process's root) or changed (its path now names another file); their frames keep module+offset. map_files (CAP_SYS_ADMIN) avoids both"),
     ("ember_symbol_cache_hits_total", "Addresses symbolized from the cache"),
     ("ember_symbol_cache_misses_total", "Addresses symbolized by reading debug info"),
     ("ember_symbolizer_panics_total", "Binaries whose symbolization panicked (caught; their frames keep module+offset)"),

@@ -3,6 +3,7 @@
 //! resolved interval of processes, cgroup labels and binary offsets. The commands call it.
 mod cgroups;
 mod interval;
+mod open;
 pub mod pods;
 mod procs;
 pub mod relabel;

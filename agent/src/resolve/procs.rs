@@ -9,7 +9,11 @@ use std::{
     sync::{Arc, Weak},
 };
 
-use crate::unwind::{MappedFile, TableKey};
+use super::open::{MappedId, Unopened, open_mapped};
+use crate::{
+    ops::metrics,
+    unwind::{MappedFile, TableKey},
+};
 
 /// An executable file mapped by some process, kept open for symbolization.
 #[derive(Debug)]
@@ -160,7 +164,7 @@ impl ProcessTable {
             return None; // only code can appear in a stack
         }
         let file_offset = u64::from_str_radix(fields.next()?, 16).ok()?;
-        let _dev = fields.next()?;
+        let device = fields.next()?;
         let inode: u64 = fields.next()?.parse().ok()?;
         let path = fields.collect::<Vec<_>>().join(" ");
         let (start, end) = range.split_once('-')?;
@@ -168,7 +172,7 @@ impl ProcessTable {
         let target = if inode == 0 || path.is_empty() || path.starts_with('[') {
             MappingTarget::Special(if path.is_empty() { "[anon]".into() } else { path })
         } else {
-            match self.open_binary(tgid, range, &path) {
+            match MappedId::parse(device, inode).and_then(|mapped| self.open_binary(tgid, range, &path, mapped)) {
                 Some(binary) => MappingTarget::File(binary),
                 None => MappingTarget::Special(path),
             }
@@ -176,12 +180,17 @@ impl ProcessTable {
         Some(Mapping { start, end, file_offset, target })
     }
 
-    /// Opens the mapped file through map_files (the exact file, even in another mount
-    /// namespace or deleted), falling back to the process's root.
-    fn open_binary(&mut self, tgid: u32, range: &str, path: &str) -> Option<Arc<Binary>> {
-        let file = File::open(format!("/proc/{tgid}/map_files/{range}"))
-            .or_else(|_| File::open(format!("/proc/{tgid}/root{path}")))
-            .ok()?;
+    /// Opens the mapped file (see `open`), or counts why it could not.
+    fn open_binary(&mut self, tgid: u32, range: &str, path: &str, mapped: MappedId) -> Option<Arc<Binary>> {
+        let file = match open_mapped(tgid, range, path, mapped) {
+            Ok(file) => file,
+            Err(Unopened::Exited) => return None,
+            Err(why) => {
+                tracing::debug!(tgid, path, reason = why.reason(), "mapped file not opened: its frames keep module+offset");
+                metrics::add("ember_binaries_unopened_total", &[("reason", why.reason())], 1.0);
+                return None;
+            }
+        };
         let meta = file.metadata().ok()?;
         let id = (meta.dev(), meta.ino());
         if let Some(binary) = self.binaries.get(&id).and_then(Weak::upgrade) {
