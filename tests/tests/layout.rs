@@ -5,7 +5,8 @@
 use std::{collections::BTreeSet, path::Path};
 
 /// The agent's top-level modules, lowest layer first. A module may use its own layer and the
-/// layers below it. Names not listed (items of main.rs) belong to the commands.
+/// layers below it. Names not listed (items of lib.rs) belong to the commands; `fuzz` (the fuzz
+/// targets' entry points) sits with them.
 const AGENT: &[&[&str]] = &[
     &["ops"],
     &["kernel"],
@@ -15,7 +16,7 @@ const AGENT: &[&[&str]] = &[
     &["encode"],
     &["ship"],
     &["pipeline"],
-    &["main", "cli", "settings", "run", "record", "unwind_table"],
+    &["main", "lib", "fuzz", "cli", "settings", "run", "record", "unwind_table"],
 ];
 
 const COLLECTOR: &[&[&str]] = &[
@@ -24,7 +25,7 @@ const COLLECTOR: &[&[&str]] = &[
     &["pull", "https"],
     &["http"],
     &["offline", "server"],
-    &["main"],
+    &["main", "lib", "fuzz"],
 ];
 
 /// The top-level module names a source text refers to through `crate::`, including every name

@@ -1,7 +1,8 @@
-//! `cargo xtask setup | build | run | test | bench`: everything a newcomer runs.
+//! `cargo xtask setup | build | run | test | bench | fuzz`: everything a newcomer runs.
 //!
 //! xtask itself depends on nothing that `setup` installs, so it builds on a fresh machine in
 //! seconds; everything else is one shared release build (`build`).
+mod fuzz;
 mod setup;
 
 use std::{os::unix::process::CommandExt, process::Command};
@@ -39,7 +40,19 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Set up, and run every fuzz target (or those named) for a number of inputs each
+    /// (coverage-guided, libFuzzer). `cargo xtask test` runs a short version.
+    Fuzz {
+        /// Inputs per target.
+        #[arg(long, default_value_t = 1_000_000)]
+        runs: u64,
+        /// Only these targets (the file names in fuzz/fuzz_targets).
+        targets: Vec<String>,
+    },
 }
+
+/// Inputs per fuzz target in `cargo xtask test`.
+const TEST_FUZZ_RUNS: u64 = 10_000;
 
 /// A cargo command in the workspace, with the environment of a plain `cargo` in a shell.
 pub fn cargo() -> Command {
@@ -85,6 +98,7 @@ fn main() {
         Task::Run { args } => run_agent(args),
         Task::Test { args } => test(args),
         Task::Bench { args } => bench(args),
+        Task::Fuzz { runs, targets } => setup::setup().and_then(|()| fuzz::fuzz(runs, &targets)),
     };
     if let Err(error) = result {
         eprintln!("xtask: {error:#}");
@@ -144,7 +158,12 @@ fn test(args: Vec<String>) -> Result<()> {
     build()?;
     step("running the tests (release; end-to-end tests load BPF programs, one test at a time)");
     // One test at a time: end-to-end tests measure CPU time on a 2-core machine.
-    run(cargo().args(["test", "--release"]).args(&args).args(["--", "--test-threads=1"]))
+    run(cargo().args(["test", "--release"]).args(&args).args(["--", "--test-threads=1"]))?;
+    if args.is_empty() {
+        step(&format!("fuzzing every input surface, {TEST_FUZZ_RUNS} inputs each (`cargo xtask fuzz` runs more)"));
+        fuzz::fuzz(TEST_FUZZ_RUNS, &[])?;
+    }
+    Ok(())
 }
 
 fn bench(args: Vec<String>) -> Result<()> {

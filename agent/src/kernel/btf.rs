@@ -12,6 +12,8 @@ const KIND_VOLATILE: u32 = 9;
 const KIND_CONST: u32 = 10;
 const KIND_RESTRICT: u32 = 11;
 const KIND_TYPE_TAG: u32 = 18;
+/// Deeper anonymous nesting, or a longer typedef chain, than any real BTF has: a cycle.
+const MAX_NESTING: u32 = 32;
 
 struct Type {
     name: u32,
@@ -86,20 +88,31 @@ impl Btf {
         std::str::from_utf8(&rest[..end]).unwrap_or_default()
     }
 
+    /// The named structs, for the fuzz target to look members up in.
+    #[cfg(fuzzing)]
+    pub fn struct_names(&self) -> impl Iterator<Item = &str> {
+        self.structs.keys().map(String::as_str)
+    }
+
     /// Byte offset of `member` in `struct name`, looking inside anonymous structs and unions.
     pub fn member_offset(&self, name: &str, member: &str) -> Result<u32> {
         let id = *self.structs.get(name).with_context(|| format!("kernel BTF has no struct {name}"))?;
-        self.find_member(id, member).with_context(|| format!("kernel BTF: struct {name} has no member {member}"))
+        self.find_member(id, member, 0).with_context(|| format!("kernel BTF: struct {name} has no member {member}"))
     }
 
-    fn find_member(&self, id: u32, member: &str) -> Option<u32> {
+    fn find_member(&self, id: u32, member: &str, depth: u32) -> Option<u32> {
+        // Real structs nest anonymous members a few levels deep; a blob whose anonymous
+        // members contain each other must end the search, not the stack.
+        if depth > MAX_NESTING {
+            return None;
+        }
         let t = self.resolve(id)?;
         for &(name, type_id, offset) in &t.members {
             // With kflag set, the low 24 bits are the bit offset (the high 8 a bitfield size).
             let bits = if t.kflag { offset & 0xff_ffff } else { offset };
             if name == 0 {
-                if let Some(inner) = self.find_member(type_id, member) {
-                    return Some(bits / 8 + inner);
+                if let Some(inner) = self.find_member(type_id, member, depth + 1) {
+                    return (bits / 8).checked_add(inner);
                 }
             } else if self.name(name) == member {
                 return Some(bits / 8);
@@ -110,7 +123,8 @@ impl Btf {
 
     /// Follows typedefs and modifiers to a struct or union.
     fn resolve(&self, mut id: u32) -> Option<&Type> {
-        loop {
+        // A chain longer than any real one is a cycle.
+        for _ in 0..MAX_NESTING {
             let t = self.types.get(id as usize)?;
             match t.kind {
                 KIND_STRUCT | KIND_UNION => return Some(t),
@@ -118,12 +132,35 @@ impl Btf {
                 _ => return None,
             }
         }
+        None
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A blob whose struct contains itself, and whose typedefs name each other (found by the
+    /// btf fuzz target: it overflowed the stack).
+    #[test]
+    fn cycles_in_a_hostile_blob_end_the_lookup() {
+        let words = |ws: &[u32]| ws.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+        let strings = b"\0s\0t\0";
+        let types = [
+            // 1: struct s { <anonymous> s; <anonymous> t; }, size 8
+            words(&[1, KIND_STRUCT << 24 | 2, 8, 0, 1, 0, 0, 2, 0]),
+            // 2: typedef t = 3; 3: typedef = 2
+            words(&[3, KIND_TYPEDEF << 24, 3]),
+            words(&[0, KIND_TYPEDEF << 24, 2]),
+        ]
+        .concat();
+        let mut blob = vec![0x9f, 0xeb, 1, 0];
+        blob.extend(words(&[24, 0, types.len() as u32, types.len() as u32, strings.len() as u32]));
+        blob.extend(types);
+        blob.extend(strings);
+        let btf = Btf::parse(&blob).unwrap();
+        assert!(btf.member_offset("s", "x").is_err());
+    }
 
     #[test]
     fn finds_members_of_this_kernels_structs() {

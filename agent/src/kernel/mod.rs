@@ -17,3 +17,5 @@ pub use drain::{RawInterval, Stack};
 pub use events::{Event, KernelSettings, NetEvent, OffCpuSettings};
 pub use load::Sampler;
 pub use unwind_maps::UnwindMaps;
+#[cfg(fuzzing)]
+pub use btf::Btf;

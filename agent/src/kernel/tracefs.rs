@@ -34,6 +34,11 @@ impl Format {
             Ok(text) => text,
             Err(_) => bail!("{}", unknown_tracepoint(category, name)),
         };
+        Ok(Format::parse(format!("{category}:{name}"), &text))
+    }
+
+    /// A format file's text: its fields' offsets and sizes, and its print format.
+    pub fn parse(name: String, text: &str) -> Format {
         let mut fields = HashMap::new();
         for line in text.lines().map(str::trim).filter(|l| l.starts_with("field:")) {
             let mut parts = line.split(';').map(str::trim);
@@ -51,7 +56,7 @@ impl Format {
             }
         }
         let print_fmt = text.lines().find_map(|l| l.strip_prefix("print fmt: ")).unwrap_or_default().to_string();
-        Ok(Format { name: format!("{category}:{name}"), fields, print_fmt })
+        Format { name, fields, print_fmt }
     }
 
     /// (offset, size) of a field.

@@ -71,11 +71,16 @@ pub struct FileConfig {
 impl FileConfig {
     pub fn load(path: &std::path::Path) -> Result<FileConfig> {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading config {}", path.display()))?;
-        toml::from_str(&text).map_err(|e| {
+        FileConfig::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses a config's text; errors are one line and name `origin` and the line.
+    pub fn parse(text: &str, origin: &str) -> Result<FileConfig> {
+        toml::from_str(text).map_err(|e| {
             // toml's message spans lines; keep the one-line promise.
             let message = e.message().replace('\n', " ");
             let line = e.span().map(|s| text[..s.start].matches('\n').count() + 1);
-            anyhow::anyhow!("config {} line {}: {message}", path.display(), line.unwrap_or(1))
+            anyhow::anyhow!("config {origin} line {}: {message}", line.unwrap_or(1))
         })
     }
 }

@@ -14,7 +14,7 @@ use ember_proto::{
 use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
 
 pub use file::parse_duration;
-use file::FileConfig;
+pub use file::FileConfig;
 
 use crate::{
     cli::{RecordArgs, RunArgs, SamplingArgs},

@@ -1,0 +1,98 @@
+//! ember-agent: an eBPF continuous profiler. `run` profiles the host continuously and writes
+//! one profile per interval; `record` profiles once and writes one profile; `unwind-table`
+//! prints the unwind table of a binary.
+//!
+//! The modules follow the data flow (see design.md): `kernel` -> `unwind` -> `resolve` ->
+//! `symbolize` -> `encode` -> `ship`, with `ops` (metrics, status, losses) beside them. `cli`
+//! and `settings` turn the command line and the config file into what the stages receive;
+//! `run`, `record`, `unwind_table` and `pipeline` wire the stages together. Imports only point
+//! down that list.
+mod cli;
+mod encode;
+mod kernel;
+mod ops;
+mod pipeline;
+mod record;
+mod resolve;
+mod run;
+mod settings;
+mod ship;
+mod symbolize;
+mod unwind;
+mod unwind_table;
+
+#[cfg(fuzzing)]
+pub mod fuzz;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::settings::{RecordSettings, RunSettings};
+
+#[derive(Parser)]
+#[command(name = "ember-agent", version, about = "Ember: low-overhead eBPF continuous profiler")]
+struct Cli {
+    /// Log format.
+    #[arg(long, global = true, default_value = "human", value_parser = ["human", "json"])]
+    log_format: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Profile the host continuously, writing one profile per interval.
+    Run(cli::RunArgs),
+    /// Profile once for a fixed time and write one profile.
+    Record(cli::RecordArgs),
+    /// Print the unwind table Ember builds for a binary (to walk stacks without frame pointers).
+    UnwindTable(cli::UnwindTableArgs),
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// The command line: parses it, runs the command, and prints a failure as one line.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("starting the tokio runtime");
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run::run(RunSettings::resolve(&args)?).await,
+            Command::Record(args) => record::record(RecordSettings::resolve(&args)?).await,
+            Command::UnwindTable(args) => unwind_table::print(&args),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // One line: what happened and, where we know it, what to do.
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on the first SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let mut term = signal(SignalKind::terminate()).expect("installing the SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

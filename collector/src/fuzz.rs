@@ -1,0 +1,79 @@
+//! Entry points for the fuzz targets (`cargo xtask fuzz`, built with `--cfg fuzzing`): the
+//! collector's push handler and its HTTP query API, each over a real store in a temporary
+//! directory (one per fuzzing process).
+use std::{
+    sync::{Arc, LazyLock},
+    time::Duration,
+};
+
+use axum::Router;
+use ember_proto::{
+    ember::{collector_server::Collector, AgentIdentity, Profile, PushRequest},
+    pprof,
+};
+use prost::Message;
+
+use crate::{
+    http::{router, QueryLimits},
+    service::CollectorService,
+    store::Store,
+};
+
+/// A store in a fresh directory under the system's temporary directory.
+fn scratch_store(name: &str) -> Arc<Store> {
+    let dir = std::env::temp_dir().join(format!("ember-fuzz-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("creating the fuzz store's directory");
+    Arc::new(Store::open(&dir).expect("opening the fuzz store"))
+}
+
+static RUNTIME: LazyLock<tokio::runtime::Runtime> =
+    LazyLock::new(|| tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime"));
+
+/// A PushRequest as the gRPC layer hands it over (protobuf bytes), through the real handler
+/// into a real store. Whatever the answer, every profile is accounted for once.
+pub fn push(data: &[u8]) {
+    static SERVICE: LazyLock<CollectorService> = LazyLock::new(|| CollectorService { store: scratch_store("push") });
+    let Ok(request) = PushRequest::decode(data) else { return };
+    let sequences: Vec<u64> = request.profiles.iter().map(|p| p.sequence).collect();
+    let Ok(response) = RUNTIME.block_on(SERVICE.push(tonic::Request::new(request))) else { return };
+    let response = response.into_inner();
+    for refusal in &response.refused {
+        assert!(sequences.contains(&refusal.sequence), "refused {} which was not pushed", refusal.sequence);
+    }
+}
+
+/// The query API's router over a store that holds two small cpu profiles, from two hosts, at
+/// 1000 s and 2000 s, for a fuzz target to send requests to.
+pub fn query_router() -> Router {
+    let store = scratch_store("query");
+    for (sequence, host) in [(1u64, "a"), (2, "b")] {
+        let agent = AgentIdentity { agent_id: host.into(), spool_id: 1, ..Default::default() };
+        let start = sequence as i64 * 1000 * 1_000_000_000;
+        let profile = Profile {
+            sequence: 1,
+            kind: "cpu".into(),
+            start_unix_nanos: start,
+            end_unix_nanos: start + 10_000_000_000,
+            labels: [("host".to_string(), host.to_string())].into(),
+            pprof_gzip: ember_pprof::encode_gzip(&small_pprof()),
+        };
+        store.put(&agent, &[profile]).expect("seeding the fuzz store");
+    }
+    let limits = QueryLimits { max_range: Duration::from_secs(7 * 86_400), concurrent: 4, timeout: Duration::from_secs(5) };
+    router(store, limits, None)
+}
+
+/// main -> work, 3 samples, with a sample label.
+fn small_pprof() -> pprof::Profile {
+    use pprof::{Function, Label, Line, Location, Sample, ValueType};
+    let strings = ["", "samples", "count", "main", "work", "thread"];
+    pprof::Profile {
+        string_table: strings.iter().map(|s| s.to_string()).collect(),
+        sample_type: vec![ValueType { r#type: 1, unit: 2 }],
+        function: vec![Function { id: 1, name: 3, ..Default::default() }, Function { id: 2, name: 4, ..Default::default() }],
+        location: (1..=2).map(|id| Location { id, line: vec![Line { function_id: id, ..Default::default() }], ..Default::default() }).collect(),
+        sample: vec![Sample { location_id: vec![2, 1], value: vec![3], label: vec![Label { key: 5, str: 3, ..Default::default() }] }],
+        ..Default::default()
+    }
+}

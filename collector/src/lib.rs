@@ -1,0 +1,180 @@
+//! ember-collector: receives profiles pushed by agents over gRPC, keeps them in an embedded
+//! store under a data directory, and answers queries. This file is the command line: it
+//! resolves `serve`'s settings and dispatches. `server` wires the running collector (`service`
+//! ingest, `store`, `http`/`https` queries over `query`, `pull` loops); `offline` answers
+//! `list` and `query` from a stopped collector's data directory.
+mod http;
+mod https;
+mod offline;
+mod pull;
+mod query;
+mod server;
+mod service;
+mod store;
+
+#[cfg(fuzzing)]
+pub mod fuzz;
+
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use ember_proto::security::{self, ClientSecurity, ServerSecurity};
+
+use crate::{http::QueryLimits, server::ServeSettings};
+
+#[derive(Parser)]
+#[command(name = "ember-collector", version, about = "Ember's collector: receive, store and query profiles")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Receive pushed profiles (gRPC) and store them.
+    Serve {
+        /// gRPC address agents push to.
+        #[arg(long, default_value = "127.0.0.1:7070")]
+        listen: SocketAddr,
+        /// HTTP address of the query API (/query, /diff, /healthz).
+        #[arg(long, default_value = "127.0.0.1:7071")]
+        http: SocketAddr,
+        /// Where the embedded store keeps its data.
+        #[arg(long, default_value = "ember-data")]
+        data_dir: PathBuf,
+        /// Delete profiles older than this many hours.
+        #[arg(long, default_value_t = 168)]
+        retention_hours: u64,
+        /// Keep the store (its database file) within this many MiB (oldest profiles deleted
+        /// first).
+        #[arg(long, default_value_t = 10_240)]
+        max_size_mib: u64,
+        /// The longest time range one query may merge, in hours.
+        #[arg(long, default_value_t = 168, value_parser = clap::value_parser!(u64).range(1..=87_600))]
+        query_max_range_hours: u64,
+        /// Queries that may run at once (more get 503 and retry).
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=1024))]
+        query_concurrency: u64,
+        /// A query still running after this many milliseconds is stopped (504).
+        #[arg(long, default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+        query_timeout_ms: u64,
+        /// Require `authorization: Bearer <token>` (token read from this file) on pushes and
+        /// queries. Health checks stay open for probes.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// Pull from this agent (gRPC URL, e.g. https://node-1:7072); repeat for several.
+        #[arg(long)]
+        pull: Vec<String>,
+        /// Pull over TLS: the CA (PEM) that signed the agents' certificates.
+        #[arg(long)]
+        pull_tls_ca: Option<PathBuf>,
+        /// Pull over mutual TLS: the collector's client certificate (PEM) ...
+        #[arg(long, requires = "pull_tls_key")]
+        pull_tls_cert: Option<PathBuf>,
+        /// ... and its private key (PEM).
+        #[arg(long, requires = "pull_tls_cert")]
+        pull_tls_key: Option<PathBuf>,
+        /// The bearer token agents require of pullers (read from this file).
+        #[arg(long)]
+        pull_token_file: Option<PathBuf>,
+        /// Serve gRPC and the HTTP query API over TLS with this certificate (PEM) ...
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// ... and its private key (PEM).
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// Mutual TLS on gRPC: accept only agents whose certificate this CA (PEM) signed.
+        #[arg(long, requires = "tls_cert")]
+        tls_client_ca: Option<PathBuf>,
+        /// Accept plaintext gRPC and HTTP on non-loopback addresses, and pull plaintext from
+        /// agents on other hosts (without it, both are refused).
+        #[arg(long)]
+        plaintext: bool,
+    },
+    /// List stored profiles: agent, sequence, kind, start (unix ns), size.
+    List {
+        #[arg(long, default_value = "ember-data")]
+        data_dir: PathBuf,
+    },
+    /// Merge the stored profiles of one kind that match a selector and time range.
+    Query {
+        #[arg(long, default_value = "ember-data")]
+        data_dir: PathBuf,
+        /// Profile kind: cpu, offcpu, wall, net-tx, net-rx, net-retransmit, net-drop.
+        #[arg(long, default_value = "cpu")]
+        kind: String,
+        /// Labels to match, e.g. "host=web-1,service=api" (agent and host are built in); keys a
+        /// profile does not carry select its samples, e.g. "node=n3,pod=checkout-7f9".
+        #[arg(long, default_value = "")]
+        selector: String,
+        /// Start of the range, unix seconds [default: everything].
+        #[arg(long)]
+        from: Option<u64>,
+        /// End of the range, unix seconds [default: now].
+        #[arg(long)]
+        to: Option<u64>,
+        /// pprof (gzipped), folded or svg.
+        #[arg(long, default_value = "pprof", value_parser = ["pprof", "folded", "svg"])]
+        format: String,
+        /// Output file.
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+}
+
+/// The command line: parses it, runs the command, and prints a failure as one line.
+pub fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match Cli::parse().command {
+        Command::Serve {
+            listen, http, data_dir, retention_hours, max_size_mib, query_max_range_hours, query_concurrency,
+            query_timeout_ms, token_file, pull, pull_tls_ca, pull_tls_cert, pull_tls_key, pull_token_file, tls_cert,
+            tls_key, tls_client_ca, plaintext,
+        } => {
+            let setup = || -> Result<ServeSettings> {
+                let server = ServerSecurity { cert: tls_cert, key: tls_key, client_ca: tls_client_ca, plaintext };
+                let client = ClientSecurity { ca: pull_tls_ca, identity: pull_tls_cert.zip(pull_tls_key), domain: None, plaintext };
+                let pull_token = pull_token_file.map(|path| security::read_token(&path)).transpose()?;
+                let pull = pull
+                    .into_iter()
+                    .map(|url| pull::Source::new(url, &client, pull_token.as_deref()))
+                    .collect::<Result<_>>()?;
+                Ok(ServeSettings {
+                    token: token_file.map(|path| security::read_token(&path)).transpose()?,
+                    pull,
+                    tls: server.grpc(listen)?,
+                    http_tls: server.tls(http, "HTTP")?,
+                    listen,
+                    http,
+                    data_dir,
+                    retention: Duration::from_secs(retention_hours * 3600),
+                    max_bytes: max_size_mib << 20,
+                    query_limits: QueryLimits {
+                        max_range: Duration::from_secs(query_max_range_hours * 3600),
+                        concurrent: query_concurrency as usize,
+                        timeout: Duration::from_millis(query_timeout_ms),
+                    },
+                })
+            };
+            match setup() {
+                Ok(args) => tokio::runtime::Runtime::new().expect("tokio runtime").block_on(server::serve(args)),
+                Err(error) => Err(error),
+            }
+        }
+        Command::List { data_dir } => offline::list(data_dir),
+        Command::Query { data_dir, kind, selector, from, to, format, output } => {
+            offline::run_query(data_dir, kind, selector, from, to, format, output)
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
