@@ -14,6 +14,8 @@ const KIND_RESTRICT: u32 = 11;
 const KIND_TYPE_TAG: u32 = 18;
 /// Deeper anonymous nesting, or a longer typedef chain, than any real BTF has: a cycle.
 const MAX_NESTING: u32 = 32;
+/// More members than one lookup in a real kernel's BTF looks at (sk_buff has ~100, nested).
+const MAX_MEMBERS_SEARCHED: u32 = 10_000;
 
 struct Type {
     name: u32,
@@ -97,10 +99,13 @@ impl Btf {
     /// Byte offset of `member` in `struct name`, looking inside anonymous structs and unions.
     pub fn member_offset(&self, name: &str, member: &str) -> Result<u32> {
         let id = *self.structs.get(name).with_context(|| format!("kernel BTF has no struct {name}"))?;
-        self.find_member(id, member, 0).with_context(|| format!("kernel BTF: struct {name} has no member {member}"))
+        let mut budget = MAX_MEMBERS_SEARCHED;
+        self.find_member(id, member, 0, &mut budget).with_context(|| format!("kernel BTF: struct {name} has no member {member}"))
     }
 
-    fn find_member(&self, id: u32, member: &str, depth: u32) -> Option<u32> {
+    /// `budget` bounds the members looked at: a hostile blob can nest anonymous members that
+    /// share types so that the paths through them grow exponentially.
+    fn find_member(&self, id: u32, member: &str, depth: u32, budget: &mut u32) -> Option<u32> {
         // Real structs nest anonymous members a few levels deep; a blob whose anonymous
         // members contain each other must end the search, not the stack.
         if depth > MAX_NESTING {
@@ -108,10 +113,11 @@ impl Btf {
         }
         let t = self.resolve(id)?;
         for &(name, type_id, offset) in &t.members {
+            *budget = budget.checked_sub(1)?;
             // With kflag set, the low 24 bits are the bit offset (the high 8 a bitfield size).
             let bits = if t.kflag { offset & 0xff_ffff } else { offset };
             if name == 0 {
-                if let Some(inner) = self.find_member(type_id, member, depth + 1) {
+                if let Some(inner) = self.find_member(type_id, member, depth + 1, budget) {
                     return (bits / 8).checked_add(inner);
                 }
             } else if self.name(name) == member {
@@ -140,15 +146,15 @@ impl Btf {
 mod tests {
     use super::*;
 
-    /// A blob whose struct contains itself, and whose typedefs name each other (found by the
-    /// btf fuzz target: it overflowed the stack).
+    /// A blob whose struct contains itself twice, and whose typedefs name each other (found by
+    /// the btf fuzz target: the first overflowed the stack, then took 2^32 steps).
     #[test]
     fn cycles_in_a_hostile_blob_end_the_lookup() {
         let words = |ws: &[u32]| ws.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
         let strings = b"\0s\0t\0";
         let types = [
-            // 1: struct s { <anonymous> s; <anonymous> t; }, size 8
-            words(&[1, KIND_STRUCT << 24 | 2, 8, 0, 1, 0, 0, 2, 0]),
+            // 1: struct s { <anonymous> s; <anonymous> s; <anonymous> t; }, size 8
+            words(&[1, KIND_STRUCT << 24 | 3, 8, 0, 1, 0, 0, 1, 0, 0, 2, 0]),
             // 2: typedef t = 3; 3: typedef = 2
             words(&[3, KIND_TYPEDEF << 24, 3]),
             words(&[0, KIND_TYPEDEF << 24, 2]),
