@@ -5,7 +5,7 @@
 //! `perf record --call-graph dwarf` profile them at the same time; Ember's stacks must reach
 //! `main` at least as often (to 1%) as perf's, and split the time as the fixture measured it.
 //! Off-CPU (usleep) and network (sendto) stacks through libc must be complete too. A binary
-//! left out of the table budget is walked by frame pointers, and counted.
+//! left out of the table budget is walked by frame pointers, and counted, until room appears.
 //! Needs root, gcc, rustc and perf.
 use std::{
     path::Path,
@@ -219,10 +219,65 @@ fn launcher(binary: &Path, seconds: &str) -> Child {
         .unwrap()
 }
 
-fn launch_and_wait(child: &mut Child) {
+fn launch(child: &mut Child) {
     use std::io::Write as _;
     writeln!(child.stdin.take().unwrap(), "go").unwrap();
+}
+
+fn launch_and_wait(child: &mut Child) {
+    launch(child);
     assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn a_binary_left_out_of_the_budget_is_loaded_once_room_appears() {
+    require_root();
+    let dir = TempDir::new("nofp-readmit");
+    let built = nofp::build(&dir.path(""));
+    let library = dir.path("libphases.so");
+    // Room for the PIE fixture and its library, and for the non-PIE one only once the PIE's
+    // tables are idle and evicted.
+    let rows = table_rows(&built.pie) + table_rows(&library) + table_rows(&built.no_pie) - 1;
+    let mib = format!("{:.9}", rows as f64 * 8.0 / 1048576.0);
+    let (mut first, mut later) = (launcher(&built.pie, "2"), launcher(&built.no_pie, "10"));
+    let (out, http) = (dir.path("profiles"), free_address());
+    let later_pid = later.id().to_string();
+    let args = ["run", "-F", "499", "--interval", "1s", "--unwind-table-mib", &mib, "--http", &http.to_string()];
+    let pids = ["--pid", &first.id().to_string(), "--pid", &later_pid];
+    let mut agent = Agent::spawn(&[&args[..], &pids, &["--output-dir", out.to_str().unwrap()]].concat());
+    agent.wait_ready();
+    let counter = |name: &str| metric(&fetch_metrics(http), name);
+    let limit = Duration::from_secs(10);
+
+    launch(&mut first);
+    wait_for_metric(http, "ember_unwind_tables", limit, |n| n >= 2.0);
+    let left_out = counter("ember_unwind_over_budget");
+    // While the PIE runs, the non-PIE binary's table does not fit.
+    launch(&mut later);
+    wait_for_metric(http, "ember_unwind_over_budget", limit, |n| n > left_out);
+    assert!(first.wait().unwrap().success());
+    // The PIE's tables go idle, then evictable: the left-out table is built and the running
+    // process loaded again with it.
+    wait_for_metric(http, "ember_unwind_tables_readmitted_total", limit, |n| n >= 1.0);
+    let readmitted_at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i64;
+    assert!(later.wait().unwrap().success());
+    agent.signal(libc::SIGTERM);
+    agent.wait_success(Duration::from_secs(30));
+
+    let profiles = Decoded::read_kind(&out, "cpu");
+    // Intervals that ended before the readmission was seen, and those that began after it.
+    let reach = |after: bool| {
+        let samples: Vec<&Sample> = profiles
+            .iter()
+            .filter(|p| if after { p.profile.time_nanos >= readmitted_at } else { p.profile.time_nanos + p.profile.duration_nanos <= readmitted_at })
+            .flat_map(|p| p.samples.iter())
+            .filter(|s| s.labels.get("pid") == Some(&later_pid) && has_prefix(&names(s), "phase_spin"))
+            .collect();
+        weighted(&samples, |frames| reaches(frames, "main"))
+    };
+    let ((before, before_total), (after, after_total)) = (reach(false), reach(true));
+    assert!(before_total > 0 && (before as f64) < 0.1 * before_total as f64, "{before} of {before_total} samples reached main while left out");
+    assert!(after_total > 0 && after as f64 >= 0.99 * after_total as f64, "{after} of {after_total} samples reached main once loaded");
 }
 
 #[test]

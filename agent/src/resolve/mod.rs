@@ -127,7 +127,11 @@ impl Resolver {
             self.unwinder.forget_process(tgid);
         }
         let live = self.processes.live_tables();
-        self.unwinder.retain(|key| live.contains(key));
+        let readmitted = self.unwinder.retain(|key| live.contains(key));
+        if !readmitted.is_empty() {
+            self.processes.reload_mapping(&readmitted);
+            self.load_unwind_tables();
+        }
         metrics::set("ember_processes_tracked", &[], self.processes.len() as f64);
         Ok(interval)
     }

@@ -195,6 +195,16 @@ impl ProcessTable {
         Some(files.collect())
     }
 
+    /// Makes the processes that map one of `tables` due for loading again (`take_captured`).
+    pub fn reload_mapping(&mut self, tables: &[TableKey]) {
+        for (tgid, process) in &self.processes {
+            let maps = |m: &Mapping| matches!(&m.target, MappingTarget::File(binary) if tables.contains(&binary.table_key()));
+            if !process.exited && process.mappings.iter().any(maps) && !self.captured.contains(tgid) {
+                self.captured.push(*tgid);
+            }
+        }
+    }
+
     /// Unwind tables some known process still maps.
     pub fn live_tables(&self) -> HashSet<TableKey> {
         self.binaries.values().filter_map(Weak::upgrade).map(|b| b.table_key()).collect()

@@ -4,7 +4,8 @@
 //! that size): a table no process maps any more stays loaded, idle, until its space is needed,
 //! so that a binary run again and again (cron jobs, shells, health checks) is parsed once. A
 //! table that does not fit even after the idle ones are evicted is left out, and its code is
-//! walked by frame pointers (counted in metrics); the next process that maps it tries again.
+//! walked by frame pointers (counted in metrics) until room for it appears: then the processes
+//! that map it are loaded again, with it.
 use std::{collections::HashMap, path::PathBuf, time::Instant};
 
 use agent_common::{ExecMapping, MAX_MAPPINGS};
@@ -40,8 +41,9 @@ enum Table {
     /// `first_page`. `idle_since`: the interval (`Unwinder::intervals`) from which no process
     /// maps it.
     Loaded { first_row: u32, rows: u32, first_page: u32, pages: u32, placement: Placement, idle_since: Option<u64> },
-    /// Walked by frame pointers: the file has no usable table, or it did not fit the budget.
-    FramePointers { over_budget: bool },
+    /// Walked by frame pointers: the file has no usable table (`needs` is None), or its table
+    /// of `needs` (rows, page index entries) did not fit in the `room` there was.
+    FramePointers { needs: Option<(u32, u32)>, room: (u32, u32) },
 }
 
 pub struct Unwinder {
@@ -105,8 +107,9 @@ impl Unwinder {
     /// Marks the tables of executables no process maps any more as idle, and forgets the
     /// files walked by frame pointers that none maps (a binary left out of the budget is
     /// tried again). Call once per interval, after the drain and after forgetting exited
-    /// processes.
-    pub fn retain(&mut self, live: impl Fn(&TableKey) -> bool) {
+    /// processes. Returns the tables left out of the budget that may fit now: the processes
+    /// that map them are due to be loaded again (`load_process`), which builds them.
+    pub fn retain(&mut self, live: impl Fn(&TableKey) -> bool) -> Vec<TableKey> {
         self.rows.release();
         self.pages.release();
         self.slots.release();
@@ -119,7 +122,32 @@ impl Unwinder {
             }
             Table::FramePointers { .. } => live(key),
         });
+        // Only where the room grew since the table did not fit: a table that cannot fit is
+        // not parsed again every interval.
+        let room = self.room();
+        let readmit: Vec<TableKey> = self
+            .tables
+            .iter()
+            .filter_map(|(key, table)| match *table {
+                Table::FramePointers { needs: Some(needs), room: then } if fits(needs, room) && (room.0 > then.0 || room.1 > then.1) => Some(key.clone()),
+                _ => None,
+            })
+            .collect();
+        for key in &readmit {
+            self.tables.remove(key);
+            metrics::add("ember_unwind_tables_readmitted_total", &[], 1.0);
+        }
         self.publish();
+        readmit
+    }
+
+    /// Rows and page index entries free, or held by tables evictable now.
+    fn room(&self) -> (u32, u32) {
+        let evictable = self.tables.values().filter_map(|table| match *table {
+            Table::Loaded { rows, pages, idle_since: Some(since), .. } if since < self.intervals => Some((rows, pages)),
+            _ => None,
+        });
+        evictable.fold((self.rows.free(), self.pages.free()), |(r, p), (rows, pages)| (r + rows, p + pages))
     }
 
     /// The file's table, built and loaded on first use.
@@ -169,24 +197,24 @@ impl Unwinder {
         let started = Instant::now();
         let table = match table_of_file(&file.path).and_then(CompactTable::of) {
             Ok(table) if !table.rows.is_empty() => table,
-            Ok(_) => return Table::FramePointers { over_budget: false },
+            Ok(_) => return Table::FramePointers { needs: None, room: (0, 0) },
             Err(e) => {
                 tracing::debug!(path = %file.path.display(), "no unwind table: {e:#}");
-                return Table::FramePointers { over_budget: false };
+                return Table::FramePointers { needs: None, room: (0, 0) };
             }
         };
         metrics::add("ember_unwind_build_seconds_total", &[], started.elapsed().as_secs_f64());
         metrics::add("ember_unwind_tables_built_total", &[], 1.0);
         let (rows, pages) = (table.rows.len() as u32, table.pages.len() as u32);
         let Some((first_row, first_page)) = self.space_for(rows, pages) else {
-            tracing::warn!(path = %file.path.display(), rows, "unwind table budget exhausted: walked by frame pointers (raise unwind_table_mib)");
-            return Table::FramePointers { over_budget: true };
+            tracing::warn!(path = %file.path.display(), rows, "unwind table budget exhausted: walked by frame pointers until room appears (raise unwind_table_mib)");
+            return Table::FramePointers { needs: Some((rows, pages)), room: self.room() };
         };
         if let Err(e) = self.maps.write_table((first_row, &table.rows), (first_page, &table.pages)) {
             tracing::warn!(path = %file.path.display(), "loading an unwind table failed: {e:#}");
             self.rows.give_back(first_row, rows);
             self.pages.give_back(first_page, pages);
-            return Table::FramePointers { over_budget: false };
+            return Table::FramePointers { needs: None, room: (0, 0) };
         }
         Table::Loaded { first_row, rows, first_page, pages, placement: table.placement, idle_since: None }
     }
@@ -195,9 +223,13 @@ impl Unwinder {
         let loaded = self.tables.values().filter(|t| matches!(t, Table::Loaded { .. })).count();
         let idle = self.tables.values().filter(|t| matches!(t, Table::Loaded { idle_since: Some(_), .. })).count();
         metrics::set("ember_unwind_tables_idle", &[], idle as f64);
-        let over_budget = self.tables.values().filter(|t| matches!(t, Table::FramePointers { over_budget: true })).count();
+        let over_budget = self.tables.values().filter(|t| matches!(t, Table::FramePointers { needs: Some(_), .. })).count();
         metrics::set("ember_unwind_tables", &[], loaded as f64);
         metrics::set("ember_unwind_over_budget", &[], over_budget as f64);
         metrics::set("ember_unwind_rows_used", &[], self.rows.used() as f64);
     }
+}
+
+fn fits(needs: (u32, u32), room: (u32, u32)) -> bool {
+    needs.0 <= room.0 && needs.1 <= room.1
 }

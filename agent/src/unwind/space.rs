@@ -54,7 +54,12 @@ impl Space {
     }
 
     pub fn used(&self) -> u32 {
-        self.capacity - self.free.iter().map(|&(_, len)| len).sum::<u32>()
+        self.capacity - self.free()
+    }
+
+    /// Entries free now (in any number of ranges).
+    pub fn free(&self) -> u32 {
+        self.free.iter().map(|&(_, len)| len).sum()
     }
 }
 
