@@ -229,16 +229,21 @@ fn launch_and_wait(child: &mut Child) {
     assert!(child.wait().unwrap().success());
 }
 
+/// Builds the fixtures into `dir`, and a table budget (`--unwind-table-mib`) with room for the
+/// PIE fixture and its library, and for the non-PIE one only once the PIE's tables are idle
+/// and evicted (libc and ld.so are left out: walked by frame pointers).
+fn pie_then_no_pie_budget(dir: &TempDir) -> (nofp::Workloads, String) {
+    let built = nofp::build(&dir.path(""));
+    let rows = table_rows(&built.pie) + table_rows(&dir.path("libphases.so")) + table_rows(&built.no_pie) - 1;
+    let mib = format!("{:.9}", rows as f64 * 8.0 / 1048576.0);
+    (built, mib)
+}
+
 #[test]
 fn a_binary_left_out_of_the_budget_is_loaded_once_room_appears() {
     require_root();
     let dir = TempDir::new("nofp-readmit");
-    let built = nofp::build(&dir.path(""));
-    let library = dir.path("libphases.so");
-    // Room for the PIE fixture and its library, and for the non-PIE one only once the PIE's
-    // tables are idle and evicted.
-    let rows = table_rows(&built.pie) + table_rows(&library) + table_rows(&built.no_pie) - 1;
-    let mib = format!("{:.9}", rows as f64 * 8.0 / 1048576.0);
+    let (built, mib) = pie_then_no_pie_budget(&dir);
     let (mut first, mut later) = (launcher(&built.pie, "2"), launcher(&built.no_pie, "10"));
     let (out, http) = (dir.path("profiles"), free_address());
     let later_pid = later.id().to_string();
@@ -284,12 +289,7 @@ fn a_binary_left_out_of_the_budget_is_loaded_once_room_appears() {
 fn idle_tables_are_kept_for_the_next_run_and_evicted_when_space_is_needed() {
     require_root();
     let dir = TempDir::new("nofp-idle");
-    let built = nofp::build(&dir.path(""));
-    let library = dir.path("libphases.so");
-    // Room for the PIE fixture and its library, and for the non-PIE one only once the PIE's
-    // idle table is evicted (libc and ld.so are left out: walked by frame pointers).
-    let rows = table_rows(&built.pie) + table_rows(&library) + table_rows(&built.no_pie) - 1;
-    let mib = format!("{:.9}", rows as f64 * 8.0 / 1048576.0);
+    let (built, mib) = pie_then_no_pie_budget(&dir);
     let (mut first, mut again, mut other) = (launcher(&built.pie, "1.5"), launcher(&built.pie, "1.5"), launcher(&built.no_pie, "1.5"));
     let pids: Vec<String> = [&first, &again, &other].iter().map(|c| c.id().to_string()).collect();
     let (out, http) = (dir.path("profiles"), free_address());
