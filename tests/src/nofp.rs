@@ -41,3 +41,11 @@ pub fn build(dir: &Path) -> Workloads {
         .arg(source("rust_phases.rs")));
     Workloads { pie, no_pie, rust }
 }
+
+/// Compiles `clock.c` (a loop on clock_gettime, which runs in the vDSO) into `dir`, as the
+/// other C workloads.
+pub fn build_clock(dir: &Path) -> PathBuf {
+    let out = dir.join("clock");
+    run(Command::new("gcc").args(["-O2", "-fomit-frame-pointer", "-o"]).arg(&out).arg(Path::new(SOURCES).join("clock.c")));
+    out
+}

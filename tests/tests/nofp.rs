@@ -229,6 +229,29 @@ fn launch_and_wait(child: &mut Child) {
     assert!(child.wait().unwrap().success());
 }
 
+#[test]
+fn stacks_through_the_vdso_are_complete_and_named() {
+    require_root();
+    let dir = TempDir::new("nofp-vdso");
+    let clock = nofp::build_clock(&dir.path(""));
+    let mut workload = Command::new(&clock).arg("8").spawn().unwrap();
+    let (out, pid) = (dir.path("clock.pb.gz"), workload.id().to_string());
+    let agent = Agent::spawn(&["record", "-d", "3s", "-F", "499", "--pid", &pid, "-o", out.to_str().unwrap()]);
+    agent.wait_success(Duration::from_secs(30));
+    workload.kill().ok();
+    workload.wait().ok();
+
+    let profile = Decoded::read(&out);
+    let samples = profile.samples_of(workload.id());
+    let in_vdso: Vec<&Sample> = samples.iter().copied().filter(|s| s.frames.first().is_some_and(|f| f.mapping == "[vdso]")).collect();
+    let (total, vdso) = (Decoded::total(&samples), Decoded::total(&in_vdso));
+    assert!(total > 500 && vdso * 2 > total, "{vdso} of {total} samples in the vDSO");
+    let unnamed: Vec<&str> = in_vdso.iter().map(|s| s.frames[0].function.as_str()).filter(|f| !f.contains("clock_gettime")).collect();
+    assert!(unnamed.is_empty(), "vDSO frames not named from the vDSO's symbols: {unnamed:?}");
+    let (reached, total) = weighted(&samples, |frames| reaches(frames, "main"));
+    assert!(reached as f64 >= 0.995 * total as f64, "{reached} of {total} samples reach main");
+}
+
 /// Builds the fixtures into `dir`, and a table budget (`--unwind-table-mib`) with room for the
 /// PIE fixture and its library, and for the non-PIE one only once the PIE's tables are idle
 /// and evicted (libc and ld.so are left out: walked by frame pointers).

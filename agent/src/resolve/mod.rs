@@ -8,6 +8,7 @@ pub mod pods;
 mod procs;
 pub mod relabel;
 mod targets;
+mod vdso;
 
 use agent_common::kind;
 use anyhow::Result;

@@ -9,7 +9,10 @@ use std::{
     sync::{Arc, Weak},
 };
 
-use super::open::{MappedId, Unopened, open_mapped};
+use super::{
+    open::{MappedId, Unopened, open_mapped},
+    vdso,
+};
 use crate::{
     ops::metrics,
     unwind::{MappedFile, TableKey},
@@ -216,7 +219,10 @@ impl ProcessTable {
             return None; // only code can appear in a stack
         }
         let MapsLine { start, end, file_offset, path, .. } = line;
-        let target = if line.inode == 0 || path.is_empty() || path.starts_with('[') {
+        let target = if path == "[vdso]" {
+            let vdso = vdso::image(end - start).and_then(|image| self.shared(path, image));
+            vdso.map_or_else(|| MappingTarget::Special(path.to_string()), MappingTarget::File)
+        } else if line.inode == 0 || path.is_empty() || path.starts_with('[') {
             MappingTarget::Special(if path.is_empty() { "[anon]".into() } else { path.to_string() })
         } else {
             match MappedId::parse(line.device, line.inode).and_then(|mapped| self.open_binary(tgid, line.range, path, mapped)) {
@@ -238,12 +244,17 @@ impl ProcessTable {
                 return None;
             }
         };
+        self.shared(path.trim_end_matches(" (deleted)"), file)
+    }
+
+    /// The binary `file` is, shared with every process that maps the same file.
+    fn shared(&mut self, path: &str, file: File) -> Option<Arc<Binary>> {
         let meta = file.metadata().ok()?;
         let id = (meta.dev(), meta.ino());
         if let Some(binary) = self.binaries.get(&id).and_then(Weak::upgrade) {
             return Some(binary);
         }
-        let path = path.trim_end_matches(" (deleted)").to_string();
+        let path = path.to_string();
         let mut binary = Binary { path, build_id: None, id, size: meta.len(), file };
         binary.build_id = blazesym::helper::read_elf_build_id(&binary.open_path())
             .ok()
