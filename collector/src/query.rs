@@ -49,12 +49,12 @@ const CHUNK: usize = 64;
 pub fn merged(store: &Store, kind: &str, selector: &BTreeMap<String, String>, from: u64, to: u64, deadline: Option<Instant>) -> Result<Option<(Profile, usize)>> {
     let (mut chunk, mut partials, mut count) = (Vec::new(), Vec::new(), 0);
     let mut sample_terms = Vec::new();
-    for stored in store.range(from, to)? {
+    store.scan(from, to, |stored| {
         if deadline.is_some_and(|d| Instant::now() > d) {
             bail!("the query ran out of time after merging {count} profiles: narrow its range or selector");
         }
         if !matches(&stored, kind, selector, &mut sample_terms) {
-            continue;
+            return Ok(());
         }
         let bytes = &stored.profile.as_ref().expect("matched").pprof_gzip;
         let mut profile = ember_pprof::decode_gzip(bytes, crate::service::MAX_DECOMPRESSED)?;
@@ -65,7 +65,8 @@ pub fn merged(store: &Store, kind: &str, selector: &BTreeMap<String, String>, fr
         if chunk.len() == CHUNK {
             partials.push(ember_pprof::merge(&std::mem::take(&mut chunk))?);
         }
-    }
+        Ok(())
+    })?;
     if count == 0 {
         return Ok(None);
     }

@@ -224,14 +224,24 @@ impl Store {
 
     /// Profiles whose start lies in [from, to), in time order.
     pub fn range(&self, from: u64, to: u64) -> Result<Vec<StoredProfile>> {
+        let mut out = Vec::new();
+        self.scan(from, to, |profile| {
+            out.push(profile);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Hands `visit` the profiles whose start lies in [from, to), in time order, one at a time
+    /// (a query holds only what it merges, not the whole range), until it returns an error.
+    pub fn scan(&self, from: u64, to: u64, mut visit: impl FnMut(StoredProfile) -> Result<()>) -> Result<()> {
         let txn = self.db().begin_read()?;
         let table = txn.open_table(PROFILES)?;
-        let mut out = Vec::new();
         for entry in table.range((from, "", 0)..(to, "", 0))? {
             let (_, value) = entry?;
-            out.push(StoredProfile::decode(value.value()).context("corrupt stored profile")?);
+            visit(StoredProfile::decode(value.value()).context("corrupt stored profile")?)?;
         }
-        Ok(out)
+        Ok(())
     }
 }
 
