@@ -60,6 +60,18 @@ pub fn least_privilege_agent() -> Command {
     command
 }
 
+/// Compiles a C fixture with gcc and `flags` (a test's own workload, built at run time).
+pub fn compile_c(source: &Path, out: &Path, flags: &[&str]) {
+    let output = Command::new("gcc")
+        .args(flags)
+        .arg("-o")
+        .arg(out)
+        .arg(source)
+        .output()
+        .unwrap_or_else(|e| panic!("running gcc (installed by `cargo xtask setup`) on {}: {e}", source.display()));
+    assert!(output.status.success(), "gcc {}: {}", source.display(), String::from_utf8_lossy(&output.stderr));
+}
+
 /// The cgroup2 mount (/sys/fs/cgroup, or /sys/fs/cgroup/unified on hybrid hosts).
 pub fn cgroup2_root() -> PathBuf {
     let mounts = std::fs::read_to_string("/proc/mounts").expect("reading /proc/mounts");

@@ -12,7 +12,7 @@ use std::{
 };
 
 use ember_tests::{
-    fetch_metrics, least_privilege_agent, metric, require_root, transport::stop_agent, wait_for_metric, Agent, Decoded, TempDir,
+    compile_c, fetch_metrics, least_privilege_agent, metric, require_root, transport::stop_agent, wait_for_metric, Agent, Decoded, TempDir,
 };
 
 /// Spins in `spin_in_container` for argv[1] seconds.
@@ -40,13 +40,7 @@ const HOST_BUILD_ID: &str = "0badc0de0badc0de0badc0de0badc0de0badc0de";
 fn compile(dir: &TempDir, name: &str, source: &str, build_id: &str) -> PathBuf {
     let (c, out) = (dir.path(&format!("{name}.c")), dir.path(name));
     std::fs::write(&c, source).unwrap();
-    let status = Command::new("gcc")
-        .args(["-O1", "-static", &format!("-Wl,--build-id=0x{build_id}"), "-o"])
-        .arg(&out)
-        .arg(&c)
-        .status()
-        .expect("running gcc (installed by `cargo xtask setup`)");
-    assert!(status.success(), "gcc {name}");
+    compile_c(&c, &out, &["-O1", "-static", &format!("-Wl,--build-id=0x{build_id}")]);
     out
 }
 
