@@ -72,6 +72,23 @@ pub fn compile_c(source: &Path, out: &Path, flags: &[&str]) {
     assert!(output.status.success(), "gcc {}: {}", source.display(), String::from_utf8_lossy(&output.stderr));
 }
 
+/// A shell that waits for a line on stdin, then execs `program args` (output discarded): its
+/// pid is known before the program runs (for --pid, or to move it into a cgroup), and stays the
+/// same across the exec. `release` lets it go.
+pub fn held(program: &Path, args: &[&str]) -> Child {
+    Command::new("sh")
+        .args(["-c", "read line; exec \"$0\" \"$@\" > /dev/null"])
+        .arg(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("starting sh")
+}
+
+pub fn release(child: &mut Child) {
+    child.stdin.take().expect("a held child").write_all(b"go\n").expect("releasing a held child");
+}
+
 /// The cgroup2 mount (/sys/fs/cgroup, or /sys/fs/cgroup/unified on hybrid hosts).
 pub fn cgroup2_root() -> PathBuf {
     let mounts = std::fs::read_to_string("/proc/mounts").expect("reading /proc/mounts");

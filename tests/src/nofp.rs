@@ -46,6 +46,6 @@ pub fn build(dir: &Path) -> Workloads {
 /// other C workloads.
 pub fn build_clock(dir: &Path) -> PathBuf {
     let out = dir.join("clock");
-    run(Command::new("gcc").args(["-O2", "-fomit-frame-pointer", "-o"]).arg(&out).arg(Path::new(SOURCES).join("clock.c")));
+    crate::compile_c(&Path::new(SOURCES).join("clock.c"), &out, &["-O2", "-fomit-frame-pointer"]);
     out
 }

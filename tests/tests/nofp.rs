@@ -14,9 +14,9 @@ use std::{
 };
 
 use ember_tests::{
-    fetch_metrics, kind_path, metric,
+    fetch_metrics, held, kind_path, metric,
     nofp::{self, PHASES},
-    perf_script, record_fixtures, require_root, transport::free_address, wait_for_metric, Agent, Decoded, Fixture, Sample, TempDir,
+    perf_script, record_fixtures, release, require_root, transport::free_address, wait_for_metric, Agent, Decoded, Fixture, Sample, TempDir,
 };
 
 const SECONDS: f64 = 6.0;
@@ -207,25 +207,13 @@ fn table_rows(binary: &Path) -> u64 {
     rows.unwrap_or_else(|| panic!("no row count for {}: {text}", binary.display()))
 }
 
-/// A shell that waits for a line on stdin, then execs `binary phases-args`: its pid is known
-/// (for --pid) before the binary runs, and stays the same across the exec.
+/// The phases fixture `binary`, held until `release` (see `ember_tests::held`).
 fn launcher(binary: &Path, seconds: &str) -> Child {
-    Command::new("sh")
-        .args(["-c", "read line; exec \"$0\" split \"$1\" > /dev/null"])
-        .arg(binary)
-        .arg(seconds)
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-fn launch(child: &mut Child) {
-    use std::io::Write as _;
-    writeln!(child.stdin.take().unwrap(), "go").unwrap();
+    held(binary, &["split", seconds])
 }
 
 fn launch_and_wait(child: &mut Child) {
-    launch(child);
+    release(child);
     assert!(child.wait().unwrap().success());
 }
 
@@ -277,11 +265,11 @@ fn a_binary_left_out_of_the_budget_is_loaded_once_room_appears() {
     let counter = |name: &str| metric(&fetch_metrics(http), name);
     let limit = Duration::from_secs(10);
 
-    launch(&mut first);
+    release(&mut first);
     wait_for_metric(http, "ember_unwind_tables", limit, |n| n >= 2.0);
     let left_out = counter("ember_unwind_over_budget");
     // While the PIE runs, the non-PIE binary's table does not fit.
-    launch(&mut later);
+    release(&mut later);
     wait_for_metric(http, "ember_unwind_over_budget", limit, |n| n > left_out);
     assert!(first.wait().unwrap().success());
     // The PIE's tables go idle, then evictable: the left-out table is built and the running

@@ -1,12 +1,10 @@
 //! On-CPU profiling end to end: real BPF programs in the real kernel, real processes with a
 //! known call structure, real pprof files. Needs root; fails loudly without it.
-use std::{
-    path::Path,
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::{path::Path, process::Command, time::Duration};
 
-use ember_tests::{compile_c, folded_total, record_fixtures, require_root, Agent, Decoded, Fixture, FixtureRun, TempDir, TestCgroups};
+use ember_tests::{
+    compile_c, folded_total, held, record_fixtures, release, require_root, Agent, Decoded, Fixture, FixtureRun, TempDir, TestCgroups,
+};
 
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
 const HZ: u64 = 99;
@@ -292,18 +290,12 @@ fn short_lived_processes_are_named() {
     // The churn starts in a cgroup of its own (its processes inherit it) once the agent runs.
     let mut cgroups = TestCgroups::new();
     let cgroup = cgroups.create("churn");
-    let mut launcher = Command::new("sh")
-        .args(["-c", "read line; exec \"$0\" \"$1\" 4 200"])
-        .arg(&churn)
-        .arg(&child)
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut launcher = held(&churn, &[child.to_str().unwrap(), "4", "200"]);
     cgroups.enter("churn", launcher.id());
     let out = dir.path("churn.pb.gz");
     let mut agent = Agent::spawn(&["record", "-d", "6s", "-F", "99", "--cgroup", &cgroup, "-o", out.to_str().unwrap()]);
     agent.wait_ready();
-    std::io::Write::write_all(launcher.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    release(&mut launcher);
     assert!(launcher.wait().unwrap().success());
     agent.wait_success(Duration::from_secs(30));
 

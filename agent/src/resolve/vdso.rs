@@ -10,17 +10,18 @@ use std::{
 
 use super::procs::MapsLine;
 
-static IMAGE: OnceLock<Option<File>> = OnceLock::new();
+/// The copy, and its length.
+static IMAGE: OnceLock<Option<(File, u64)>> = OnceLock::new();
 
 /// A file holding the vDSO, for a process whose vDSO mapping is `len` bytes (another length is
 /// another image: a 32-bit process's).
 pub fn image(len: u64) -> Option<File> {
     let image = IMAGE.get_or_init(|| copy().inspect_err(|e| tracing::warn!("vDSO frames stay unnamed: copying the vDSO failed: {e}")).ok());
-    let image = image.as_ref()?;
-    (image.metadata().ok()?.len() == len).then(|| image.try_clone().ok()).flatten()
+    let (image, copied) = image.as_ref()?;
+    (*copied == len).then(|| image.try_clone().ok()).flatten()
 }
 
-fn copy() -> io::Result<File> {
+fn copy() -> io::Result<(File, u64)> {
     let maps = std::fs::read_to_string("/proc/self/maps")?;
     let vdso = maps.lines().filter_map(MapsLine::parse).find(|l| l.path == "[vdso]").ok_or(io::ErrorKind::NotFound)?;
     // SAFETY: the vDSO stays mapped, readable, in this process for its whole life.
@@ -33,5 +34,5 @@ fn copy() -> io::Result<File> {
     // SAFETY: a fresh descriptor.
     let mut file = unsafe { File::from_raw_fd(fd) };
     file.write_all(bytes)?;
-    Ok(file)
+    Ok((file, bytes.len() as u64))
 }
