@@ -9,4 +9,4 @@ pub use codec::{decode_gzip, encode_gzip};
 pub use merge::merge;
 pub use select::retain_samples;
 pub use strings::StringIndex;
-pub use views::{flamegraph, folded, view, View, KERNEL_MAPPING};
+pub use views::{flamegraph, folded, view, View, JIT_MAPPING, KERNEL_MAPPING};

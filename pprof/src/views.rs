@@ -42,20 +42,24 @@ impl View {
 /// Name of the mapping that holds kernel frames (as perf names it).
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 
+/// Name of the mapping that holds JIT-compiled functions, named from perf maps.
+pub const JIT_MAPPING: &str = "[jit]";
+
 /// Folded stacks of the profile's value `value_index`, rooted at the values of
-/// `root_labels` (e.g. the thread name). Kernel frames carry the `_[k]` suffix and inlined
-/// functions `_[i]`, as perf's folded output does.
+/// `root_labels` (e.g. the thread name). Kernel frames carry the `_[k]` suffix, JIT frames
+/// `_[j]` and inlined functions `_[i]`, as perf's folded output does.
 /// Fails only if a stack's total overflows (possible only in merges of hostile profiles).
 pub fn folded(profile: &Profile, value_index: usize, root_labels: &[&str]) -> Result<Vec<String>> {
     let s = |i: i64| profile.string_table.get(i as usize).map(String::as_str).unwrap_or("");
     let functions: HashMap<u64, &str> = profile.function.iter().map(|f| (f.id, s(f.name))).collect();
-    let kernel_mappings: Vec<u64> =
-        profile.mapping.iter().filter(|m| s(m.filename) == KERNEL_MAPPING).map(|m| m.id).collect();
+    let mappings_named = |name: &str| -> Vec<u64> { profile.mapping.iter().filter(|m| s(m.filename) == name).map(|m| m.id).collect() };
+    let (kernel_mappings, jit_mappings) = (mappings_named(KERNEL_MAPPING), mappings_named(JIT_MAPPING));
     let locations: HashMap<u64, Vec<String>> = profile
         .location
         .iter()
         .map(|loc| {
             let kernel = kernel_mappings.contains(&loc.mapping_id);
+            let jit = jit_mappings.contains(&loc.mapping_id);
             // Lines are innermost first; folded stacks go root to leaf.
             let names = loc
                 .line
@@ -64,7 +68,11 @@ pub fn folded(profile: &Profile, value_index: usize, root_labels: &[&str]) -> Re
                 .rev()
                 .map(|(i, line)| {
                     let name = functions.get(&line.function_id).copied().unwrap_or("[unknown]");
-                    let suffix = if kernel { "_[k]" } else if i + 1 < loc.line.len() { "_[i]" } else { "" };
+                    let suffix = if kernel {
+                        "_[k]"
+                    } else if jit {
+                        "_[j]"
+                    } else if i + 1 < loc.line.len() { "_[i]" } else { "" };
                     format!("{}{suffix}", name.replace(';', ":"))
                 })
                 .collect();

@@ -113,14 +113,19 @@ fn compare(binary: &Path) -> usize {
                 wrong.push(format!("{address:#x}: readelf {expected:?}, ember {ours}"));
             }
         }
-        if !fde.range.is_empty() && !starts.contains(&fde.range.end) && rule_at(&rows, fde.range.end) != "no-info" {
-            wrong.push(format!("{:#x}: the end of an FDE, not covered by another: ember {}", fde.range.end, rule_at(&rows, fde.range.end)));
+        // A function without any FDE may start there, and get the frame-pointer rule.
+        let end = rule_at(&rows, fde.range.end);
+        if !fde.range.is_empty() && !starts.contains(&fde.range.end) && end != "no-info" && end != FRAME_POINTER {
+            wrong.push(format!("{:#x}: the end of an FDE, not covered by another: ember {end}", fde.range.end));
         }
     }
     let shown: Vec<&String> = wrong.iter().take(10).collect();
     assert!(wrong.is_empty(), "{}: {} of {compared} rows differ from readelf, e.g. {shown:#?}", binary.display(), wrong.len());
     compared
 }
+
+/// The frame-pointer rule, which functions without call frame information get.
+const FRAME_POINTER: &str = "rbp+16 rbp=c-16";
 
 /// The C library every process maps (gcc-built, no frame pointers, PLT and signal frames).
 #[test]
@@ -137,4 +142,35 @@ fn libc_table_matches_readelf() {
 #[test]
 fn agent_table_matches_readelf() {
     assert!(compare(&agent_bin()) > 10_000);
+}
+
+/// Node's V8 builtins have symbols but no FDE: they get the frame-pointer rule over their whole
+/// range (V8 keeps frame pointers), while readelf's rows stay as they are.
+#[test]
+fn functions_without_call_frame_information_get_the_frame_pointer_rule() {
+    let node = std::fs::canonicalize(which("node")).unwrap();
+    compare(&node);
+    let rows = ember_rows(&node);
+    let nm = Command::new("nm").args(["--defined-only", "-S"]).arg(&node).output().expect("running nm (binutils)");
+    let symbols = String::from_utf8_lossy(&nm.stdout);
+    let builtins: Vec<(u64, u64)> = symbols
+        .lines()
+        .filter_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+            [address, size, "t" | "T", name] if name.starts_with("Builtins_JSEntry") => {
+                Some((u64::from_str_radix(address, 16).ok()?, u64::from_str_radix(size, 16).ok()?))
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(builtins.len() >= 2, "node has no Builtins_JSEntry* symbols:\n{}", &symbols[..symbols.len().min(500)]);
+    for (address, size) in builtins {
+        for at in [address, address + size / 2, address + size - 1] {
+            assert_eq!(rule_at(&rows, at), FRAME_POINTER, "{at:#x} in a builtin at {address:#x}");
+        }
+    }
+}
+
+fn which(program: &str) -> std::path::PathBuf {
+    let path = std::env::var("PATH").unwrap_or_default();
+    std::env::split_paths(&path).map(|dir| dir.join(program)).find(|p| p.exists()).unwrap_or_else(|| panic!("{program} not on PATH (`cargo xtask setup` installs it)"))
 }

@@ -6,12 +6,12 @@ use std::{collections::HashMap, time::UNIX_EPOCH};
 
 use agent_common::counter;
 use ember_proto::pprof::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
-use ember_pprof::{StringIndex, KERNEL_MAPPING};
+use ember_pprof::{StringIndex, JIT_MAPPING, KERNEL_MAPPING};
 
 use super::kinds::{attribution_label, state_label, tracepoint_label, ProfileKind};
 use crate::{
     resolve::{ResolvedInterval, Site, UserAddress},
-    symbolize::{Frame, Symbolizer},
+    symbolize::{jit_frame, Frame, Symbolizer},
 };
 
 pub struct ProfileInfo<'a> {
@@ -23,6 +23,7 @@ pub struct ProfileInfo<'a> {
 enum LocationKey {
     User((u64, u64), u64),
     Special(String, u64),
+    Jit(std::sync::Arc<str>, u64),
     Unmapped(u64),
     Kernel(u64),
     Marker(&'static str),
@@ -81,6 +82,7 @@ impl Builder {
         let key = match site {
             Site::User(UserAddress::File { binary, file_offset }) => LocationKey::User(binary.id, *file_offset),
             Site::User(UserAddress::Special { name, offset }) => LocationKey::Special(name.clone(), *offset),
+            Site::User(UserAddress::Jit(symbol)) => LocationKey::Jit(symbol.name.clone(), symbol.start),
             Site::User(UserAddress::Unmapped(addr)) => LocationKey::Unmapped(*addr),
             Site::Kernel(addr) => LocationKey::Kernel(*addr),
             Site::Marker(marker) => LocationKey::Marker(marker.label()),
@@ -97,6 +99,8 @@ impl Builder {
                 (self.mapping(&binary.path, binary.build_id.as_deref(), 0, binary.size), *file_offset, frames)
             }
             Site::User(UserAddress::Special { name, offset }) => (0, *offset, plain(format!("{name}+{offset:#x}"))),
+            // One location per function: a perf map names functions, not instructions.
+            Site::User(UserAddress::Jit(symbol)) => (self.mapping(JIT_MAPPING, None, 0, u64::MAX), symbol.start, vec![jit_frame(&symbol.name)]),
             Site::User(UserAddress::Unmapped(addr)) => (0, *addr, plain(format!("[unmapped]+{addr:#x}"))),
             Site::Kernel(addr) => {
                 let frames = symbols.kernel(*addr).map(|f| f.to_vec());

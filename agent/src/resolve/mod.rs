@@ -4,6 +4,7 @@
 mod cgroups;
 mod interval;
 mod open;
+mod perf_map;
 pub mod pods;
 mod procs;
 pub mod relabel;

@@ -77,7 +77,7 @@ pub fn open_mapped(tgid: u32, range: &str, path: &str, mapped: MappedId) -> Resu
 }
 
 /// `path` resolved as if `root` were `/`, read-only.
-fn open_in_root(root: &File, path: &str) -> io::Result<File> {
+pub fn open_in_root(root: &File, path: &str) -> io::Result<File> {
     let path = CString::new(path).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
     how.flags = (libc::O_RDONLY | libc::O_CLOEXEC) as u64;

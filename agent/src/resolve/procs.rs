@@ -11,6 +11,7 @@ use std::{
 
 use super::{
     open::{MappedId, Unopened, open_mapped},
+    perf_map::{JitSymbol, PerfMap},
     vdso,
 };
 use crate::{
@@ -55,6 +56,9 @@ pub struct Mapping {
     pub end: u64,
     pub file_offset: u64,
     pub target: MappingTarget,
+    /// Anonymous code that the perf map shows to be CPython's trampolines: unwound by their
+    /// own rule.
+    python_trampolines: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -69,7 +73,27 @@ pub struct Process {
     /// Executable name (/proc/<pid>/comm of the main thread).
     pub name: String,
     mappings: Vec<Mapping>,
+    /// Names of its JIT-compiled code, read when an address outside its files needs one.
+    perf_map: PerfMap,
     pub exited: bool,
+}
+
+impl Process {
+    /// Marks the anonymous code that its perf map shows to be CPython's trampolines, so that
+    /// walks go on through them (checked when captured, which is at its first sample, and
+    /// when a trampoline shows in a stack). True if some were found that were not known.
+    fn find_python_trampolines(&mut self, tgid: u32) -> bool {
+        let mut found = false;
+        // Only anonymous code: every process has [vsyscall], and most have no perf map.
+        let anonymous = |m: &Mapping| matches!(&m.target, MappingTarget::Special(name) if name == "[anon]" || name.starts_with("[anon:"));
+        for mapping in self.mappings.iter_mut().filter(|m| anonymous(m) && !m.python_trampolines) {
+            if self.perf_map.any_named_in(tgid, mapping.start..mapping.end, |name| name.starts_with("py::")) {
+                mapping.python_trampolines = true;
+                found = true;
+            }
+        }
+        found
+    }
 }
 
 /// Where a user address points.
@@ -77,6 +101,8 @@ pub struct Process {
 pub enum UserAddress {
     File { binary: Arc<Binary>, file_offset: u64 },
     Special { name: String, offset: u64 },
+    /// JIT-compiled code, named by the process's perf map.
+    Jit(JitSymbol),
     /// No known mapping covers the address (or the process was never captured).
     Unmapped(u64),
 }
@@ -173,7 +199,11 @@ impl ProcessTable {
         // Read after all (a read can fail while the process execs): not a loss.
         self.unread.remove(&tgid);
         let mappings = maps.lines().filter_map(|line| self.parse_mapping(tgid, line)).collect();
-        self.processes.insert(tgid, Process { name, mappings, exited: false });
+        // Its perf map, read so far, stays (a runtime that execs another rewrites it).
+        let perf_map = self.processes.remove(&tgid).map(|p| p.perf_map).unwrap_or_default();
+        let mut process = Process { name, mappings, perf_map, exited: false };
+        process.find_python_trampolines(tgid);
+        self.processes.insert(tgid, process);
         self.captured.push(tgid);
         true
     }
@@ -192,6 +222,13 @@ impl ProcessTable {
                 file_offset: m.file_offset,
                 key: binary.table_key(),
                 path: binary.open_path(),
+            }),
+            MappingTarget::Special(_) if m.python_trampolines => Some(MappedFile {
+                start: m.start,
+                end: m.end,
+                file_offset: 0,
+                key: TableKey::PythonTrampolines(m.end - m.start),
+                path: PathBuf::new(),
             }),
             MappingTarget::Special(_) => None,
         });
@@ -230,7 +267,7 @@ impl ProcessTable {
                 None => MappingTarget::Special(path.to_string()),
             }
         };
-        Some(Mapping { start, end, file_offset, target })
+        Some(Mapping { start, end, file_offset, target, python_trampolines: false })
     }
 
     /// Opens the mapped file (see `open`), or counts why it could not.
@@ -281,16 +318,26 @@ impl ProcessTable {
     /// Maps a user address of `tgid` to a binary and file offset. A miss on a live process
     /// re-reads its mappings once (it may have loaded a library since it was captured).
     pub fn resolve(&mut self, tgid: u32, addr: u64) -> UserAddress {
-        if let Some(found) = self.lookup(tgid, addr) {
-            return found;
+        let mut found = self.lookup(tgid, addr);
+        if found.is_none() && self.processes.get(&tgid).is_none_or(|p| !p.exited) && self.capture(tgid) {
+            found = self.lookup(tgid, addr);
         }
-        if self.processes.get(&tgid).is_none_or(|p| !p.exited) && self.capture(tgid) {
-            if let Some(found) = self.lookup(tgid, addr) {
-                return found;
-            }
+        match found {
+            Some(file @ UserAddress::File { .. }) => file,
+            // Code outside the process's files may be JIT code its runtime named.
+            other => match self.processes.get_mut(&tgid).and_then(|p| p.perf_map.lookup(tgid, addr)) {
+                Some(symbol) => {
+                    let process = self.processes.get_mut(&tgid).expect("looked up above");
+                    if symbol.name.starts_with("py::") && process.find_python_trampolines(tgid) && !self.captured.contains(&tgid) {
+                        self.captured.push(tgid); // due for loading again, with them
+                    }
+                    UserAddress::Jit(symbol)
+                }
+                None => other.unwrap_or(UserAddress::Unmapped(addr)),
+            },
         }
-        UserAddress::Unmapped(addr)
     }
+
 
     fn lookup(&self, tgid: u32, addr: u64) -> Option<UserAddress> {
         let mapping = self.processes.get(&tgid)?.mappings.iter().find(|m| m.start <= addr && addr < m.end)?;

@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result};
 use super::{
     compact::{CompactTable, Placement},
     space::Space,
-    table_of_file,
+    table_of_file, UnwindTable,
 };
 use crate::{kernel::UnwindMaps, ops::metrics};
 
@@ -24,15 +24,17 @@ pub enum TableKey {
     BuildId(String),
     /// (device, inode), for files without a build id.
     File(u64, u64),
+    /// An anonymous mapping of this size filled with CPython's perf trampolines.
+    PythonTrampolines(u64),
 }
 
-/// A file-backed executable mapping of a process.
+/// An executable mapping of a process that has a table: a file's, or CPython's trampolines.
 pub struct MappedFile {
     pub start: u64,
     pub end: u64,
     pub file_offset: u64,
     pub key: TableKey,
-    /// A path that opens the mapped file from the agent.
+    /// A path that opens the mapped file from the agent (empty for trampolines).
     pub path: PathBuf,
 }
 
@@ -195,7 +197,11 @@ impl Unwinder {
     fn build(&mut self, file: &MappedFile) -> Table {
         tracing::debug!(path = %file.path.display(), key = ?file.key, "building an unwind table");
         let started = Instant::now();
-        let table = match table_of_file(&file.path).and_then(CompactTable::of) {
+        let table = match &file.key {
+            TableKey::PythonTrampolines(size) => CompactTable::of(UnwindTable::python_trampolines(*size)),
+            _ => table_of_file(&file.path).and_then(CompactTable::of),
+        };
+        let table = match table {
             Ok(table) if !table.rows.is_empty() => table,
             Ok(_) => return Table::FramePointers { needs: None, room: (0, 0) },
             Err(e) => {

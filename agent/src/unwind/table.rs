@@ -74,6 +74,22 @@ pub struct Segment {
 }
 
 impl UnwindTable {
+    /// The table of CPython's perf trampolines (3.12+, `-X perf`): copies of one stub,
+    /// `sub $8,%rsp; call *%rcx; add $8,%rsp; ret`, filling an anonymous mapping, each named
+    /// in the perf map after the Python function it enters. The stub has no call frame
+    /// information and does not touch rbp; at its return address the CFA is rsp + 16. Rows
+    /// are relative to the mapping's start, which `Segment` places at file offset 0.
+    pub fn python_trampolines(mapping_size: u64) -> UnwindTable {
+        UnwindTable {
+            rows: vec![
+                Row { address: 0, rule: Rule::Frame { cfa_is_rbp: false, cfa_offset: 16, rbp_offset: 0 } },
+                Row { address: mapping_size, rule: Rule::NoInfo },
+            ],
+            source: "CPython's perf trampolines",
+            segments: vec![Segment { address: 0, file_range: (0, mapping_size) }],
+        }
+    }
+
     /// Builds the table of an ELF file's bytes.
     pub fn from_elf(data: &[u8]) -> Result<UnwindTable> {
         use object::{Object as _, ObjectSection as _, ObjectSegment as _};
@@ -96,6 +112,7 @@ impl UnwindTable {
             .map(|s| s.address()..s.address() + s.size())
             .collect();
         let text = file.section_by_name(".text").map_or(0, |s| s.address());
+        let functions = functions(&file);
         let mut builder = Builder { rows: Vec::new(), plt };
         if let Some((address, bytes)) = section(".eh_frame") {
             let eh_frame = EhFrame::new(bytes, LittleEndian);
@@ -105,13 +122,13 @@ impl UnwindTable {
                 None => bases,
             };
             builder.add_section(&eh_frame, &bases).context("reading .eh_frame")?;
-            return Ok(UnwindTable { rows: builder.finish(), source: ".eh_frame", segments });
+            return Ok(UnwindTable { rows: builder.finish(&functions), source: ".eh_frame", segments });
         }
         if let Some((_, bytes)) = section(".debug_frame") {
             let mut debug_frame = DebugFrame::new(bytes, LittleEndian);
             debug_frame.set_address_size(8);
             builder.add_section(&debug_frame, &BaseAddresses::default()).context("reading .debug_frame")?;
-            return Ok(UnwindTable { rows: builder.finish(), source: ".debug_frame", segments });
+            return Ok(UnwindTable { rows: builder.finish(&functions), source: ".debug_frame", segments });
         }
         Ok(UnwindTable { rows: Vec::new(), source: "none", segments })
     }
@@ -155,22 +172,59 @@ impl Builder {
         Ok(())
     }
 
-    /// Sorted by address; where an FDE starts at another's end, its first row replaces the
-    /// other's `NoInfo`; rows that repeat the rule before them are dropped.
-    fn finish(mut self) -> Vec<Row> {
-        // Stable: at equal addresses a `NoInfo` end comes before the next FDE's first row, and
-        // the later row wins.
-        self.rows.sort_by_key(|row| (row.address, row.rule != Rule::NoInfo));
-        let mut rows: Vec<Row> = Vec::with_capacity(self.rows.len());
-        for row in self.rows {
-            match rows.last_mut() {
-                Some(last) if last.address == row.address => *last = row,
-                _ => rows.push(row),
-            }
+    /// The rows in order (see `merged`), where `functions` that no FDE covers at all get the
+    /// frame-pointer rule: code with a symbol but no call frame information was not made by a
+    /// C compiler (V8's builtins, Go, hand-written assembly), and such code keeps rbp as a
+    /// frame pointer far more often than not. Partly covered functions keep `NoInfo`.
+    fn finish(self, functions: &[Range<u64>]) -> Vec<Row> {
+        let mut rows = merged(self.rows);
+        let uncovered = functions.iter().filter(|f| {
+            let first_after = rows.partition_point(|row| row.address <= f.start);
+            let before = first_after.checked_sub(1).map(|i| rows[i].rule);
+            matches!(before, None | Some(Rule::NoInfo)) && rows.get(first_after).is_none_or(|next| next.address >= f.end)
+        });
+        let extra: Vec<Row> = uncovered.flat_map(|f| [Row { address: f.start, rule: FRAME_POINTER }, Row { address: f.end, rule: Rule::NoInfo }]).collect();
+        if !extra.is_empty() {
+            rows.extend(extra);
+            rows = merged(rows);
         }
-        rows.dedup_by(|next, previous| next.rule == previous.rule);
         rows
     }
+}
+
+/// The frame-pointer rule as a row: CFA = rbp + 16, rbp saved at CFA - 16.
+const FRAME_POINTER: Rule = Rule::Frame { cfa_is_rbp: true, cfa_offset: 16, rbp_offset: -16 };
+
+/// Sorted by address; where a range starts at another's end, its first row replaces the
+/// other's `NoInfo`; rows that repeat the rule before them are dropped.
+fn merged(mut rows: Vec<Row>) -> Vec<Row> {
+    // Stable: at equal addresses a `NoInfo` end comes before the next range's first row, and
+    // the later row wins.
+    rows.sort_by_key(|row| (row.address, row.rule != Rule::NoInfo));
+    let mut merged: Vec<Row> = Vec::with_capacity(rows.len());
+    for row in rows {
+        match merged.last_mut() {
+            Some(last) if last.address == row.address => *last = row,
+            _ => merged.push(row),
+        }
+    }
+    merged.dedup_by(|next, previous| next.rule == previous.rule);
+    merged
+}
+
+/// Address ranges of the file's functions, from its symbol table (or, stripped, its dynamic
+/// symbols).
+fn functions(file: &object::File) -> Vec<Range<u64>> {
+    use object::{Object as _, ObjectSymbol as _};
+    let symbols: Vec<_> = if file.symbols().next().is_some() { file.symbols().collect() } else { file.dynamic_symbols().collect() };
+    let mut ranges: Vec<Range<u64>> = symbols
+        .iter()
+        .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
+        .map(|s| s.address()..s.address().saturating_add(s.size()))
+        .collect();
+    ranges.sort_by_key(|r| r.start);
+    ranges.dedup();
+    ranges
 }
 
 /// The threshold of the PLT's usual CFA expression, `rsp + 8 + ((rip & 15) >= N) << 3`

@@ -1,0 +1,133 @@
+//! JIT-compiled code named from perf maps, end to end: real runtimes from the machine (Node,
+//! CPython 3.12+) run a fixture with a known call structure and a 70:30 split, the agent runs
+//! as its systemd unit does (no CAP_SYS_ADMIN), and the profile must name the script's
+//! functions, in their order, with complete stacks. Needs root; fails loudly without it.
+use std::{
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use ember_tests::{least_privilege_agent, require_root, Agent, Decoded, Fixture, FixtureRun, Sample, TempDir};
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/jit");
+const SECONDS: f64 = 5.0;
+
+/// Records `pid` (the runtime, started held in `fixture`) at 499 Hz with the least-privilege
+/// agent, around the fixture's run.
+fn record(dir: &TempDir, mut fixture: Fixture, pid: u32) -> (Vec<Sample>, FixtureRun) {
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = dir.path("p.pb.gz");
+    let mut command = least_privilege_agent();
+    let duration = format!("{}s", SECONDS + 2.0);
+    command.args(["record", "-F", "499", "-d", &duration, "-o", out.to_str().unwrap(), "--pid", &pid.to_string()]);
+    let mut agent = Agent::spawn_command(command);
+    agent.wait_ready();
+    fixture.start();
+    let run = fixture.finish();
+    agent.wait_success(Duration::from_secs(60));
+    let profile = Decoded::read(&out);
+    let samples = profile.samples_of(pid).into_iter().cloned().collect();
+    (samples, run)
+}
+
+/// Checks what every runtime must show: `hot_a` and `hot_b` named as JIT frames, in the
+/// fixture's split, each under `dispatch` (leaf first) under `root`.
+fn check(runtime: &str, samples: &[Sample], run: &FixtureRun, root: impl Fn(&str) -> bool) {
+    let jit = |s: &Sample, name: &str| s.frames.iter().position(|f| f.function == name && f.mapping == "[jit]");
+    let total = |filter: &dyn Fn(&Sample) -> bool| -> i64 { samples.iter().filter(|s| filter(s)).map(|s| s.values[0]).sum() };
+    let (a, b) = (total(&|s| jit(s, "hot_a").is_some()), total(&|s| jit(s, "hot_b").is_some()));
+    let all = total(&|_| true);
+    assert!(a + b >= all / 2, "{runtime}: only {} of {all} samples named hot_a or hot_b", a + b);
+    let share = a as f64 / (a + b) as f64;
+    let truth = run.lines[0][1] as f64 / run.lines[0][0] as f64;
+    assert!((share - truth).abs() <= 0.05, "{runtime}: hot_a has {share:.3} of hot_a + hot_b (a={a}, b={b}), truth {truth:.3}");
+    let complete = total(&|s| {
+        let hot = jit(s, "hot_a").or(jit(s, "hot_b"));
+        let dispatch = jit(s, "dispatch");
+        let bottom = s.frames.iter().rposition(|f| root(&f.function));
+        matches!((hot, dispatch, bottom), (Some(h), Some(d), Some(r)) if h < d && d < r)
+    });
+    let share = complete as f64 / (a + b) as f64;
+    assert!(share >= 0.95, "{runtime}: {share:.3} of the hot samples have hot_*, dispatch and the runtime's entry in order ({complete}/{})", a + b);
+}
+
+/// The host pid of the first child of `parent` once it runs `comm` (a held process execs).
+fn child_running(parent: u32, comm: &str) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).unwrap_or_default();
+        if let Some(pid) = children.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()) {
+            if std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm) {
+                return pid;
+            }
+        }
+        assert!(Instant::now() < deadline, "no child of {parent} running {comm} after 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Node in its own pid and mount namespaces, with a private /tmp: its perf map is
+/// /tmp/perf-1.map there, and the host's /tmp/perf-1.map (a decoy here) is another file.
+#[test]
+fn node_functions_are_named_from_the_perf_map_in_the_process_own_namespaces() {
+    require_root();
+    let dir = TempDir::new("jit-node");
+    let decoy = Path::new("/tmp/perf-1.map");
+    assert!(!decoy.exists(), "{} exists already: a test left it, or pid 1 runs a JIT", decoy.display());
+    std::fs::write(decoy, "0 7fffffffffff decoy_on_the_host\n").unwrap();
+    struct Remove<'a>(&'a Path);
+    impl Drop for Remove<'_> {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(self.0);
+        }
+    }
+    let _remove = Remove(decoy);
+
+    let mut command = Command::new("unshare");
+    command
+        .args(["--pid", "--fork", "--mount", "--mount-proc", "--propagation", "private", "sh", "-c"])
+        .arg("mount -t tmpfs tmpfs /tmp && exec \"$0\" \"$@\"")
+        // Without inlining, each function keeps its own frame (V8 would fold hot_a into dispatch).
+        .args(["node", "--perf-basic-prof", "--interpreted-frames-native-stack", "--no-turbo-inlining"])
+        .arg(Path::new(FIXTURES).join("split.js"));
+    let fixture = Fixture::spawn_with(command, "split", SECONDS, &[]);
+    let node = child_running(fixture.pid(), "node");
+    let (samples, run) = record(&dir, fixture, node);
+
+    assert!(!samples.iter().any(|s| s.has_function("decoy_on_the_host")), "the host's /tmp/perf-1.map was read");
+    // V8's builtins between the JIT code and the C++ entry have no call frame information:
+    // walked by their frame pointers, the stacks reach node's main.
+    check("node", &samples, &run, |f| f.starts_with("node::Start("));
+}
+
+/// A CPython of 3.12 or later: on PATH, or one pyenv installed (Debian 12 packages none).
+fn python_3_12() -> PathBuf {
+    let pyenv = std::env::var("HOME").map(|h| PathBuf::from(h).join(".pyenv/versions")).unwrap_or_default();
+    let mut candidates: Vec<PathBuf> = ["python3.14", "python3.13", "python3.12"].iter().map(PathBuf::from).collect();
+    let mut installed: Vec<PathBuf> = std::fs::read_dir(&pyenv).into_iter().flatten().flatten().map(|e| e.path().join("bin/python3")).collect();
+    installed.sort();
+    candidates.extend(installed.into_iter().rev());
+    let version = |python: &PathBuf| {
+        let out = Command::new(python).args(["-c", "import sys; print(sys.version_info[0] * 100 + sys.version_info[1])"]).output().ok()?;
+        String::from_utf8_lossy(&out.stdout).trim().parse::<u32>().ok()
+    };
+    candidates.into_iter().find(|p| version(p).is_some_and(|v| v >= 312)).unwrap_or_else(|| {
+        panic!("no CPython 3.12 or later on PATH or in {} (`-X perf` needs 3.12): install one", pyenv.display())
+    })
+}
+
+/// CPython's perf trampolines name the Python functions, and are walked through by their own
+/// rule (they keep no frame pointer and have no call frame information).
+#[test]
+fn python_functions_are_named_and_walked_through_the_perf_trampolines() {
+    require_root();
+    let dir = TempDir::new("jit-python");
+    let mut command = Command::new(python_3_12());
+    command.args(["-X", "perf"]).arg(Path::new(FIXTURES).join("split.py"));
+    let fixture = Fixture::spawn_with(command, "split", SECONDS, &[]);
+    let pid = fixture.pid();
+    let (samples, run) = record(&dir, fixture, pid);
+    check("python", &samples, &run, |f| f == "<module>");
+}
