@@ -39,6 +39,25 @@ pub fn agent_bin() -> PathBuf {
 /// The deployment files (systemd units, Kubernetes manifests, the default config).
 pub const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy");
 
+/// The JIT fixtures (Node and CPython scripts with hot_a and hot_b, 70:30).
+pub const JIT_FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/jit");
+
+/// A CPython of 3.12 or later: on PATH, or one pyenv installed (Debian 12 packages none).
+pub fn python_3_12() -> PathBuf {
+    let pyenv = std::env::var("HOME").map(|h| PathBuf::from(h).join(".pyenv/versions")).unwrap_or_default();
+    let mut candidates: Vec<PathBuf> = ["python3.14", "python3.13", "python3.12"].iter().map(PathBuf::from).collect();
+    let mut installed: Vec<PathBuf> = std::fs::read_dir(&pyenv).into_iter().flatten().flatten().map(|e| e.path().join("bin/python3")).collect();
+    installed.sort();
+    candidates.extend(installed.into_iter().rev());
+    let version = |python: &PathBuf| {
+        let out = Command::new(python).args(["-c", "import sys; print(sys.version_info[0] * 100 + sys.version_info[1])"]).output().ok()?;
+        String::from_utf8_lossy(&out.stdout).trim().parse::<u32>().ok()
+    };
+    candidates.into_iter().find(|p| version(p).is_some_and(|v| v >= 312)).unwrap_or_else(|| {
+        panic!("no CPython 3.12 or later on PATH or in {} (`-X perf` needs 3.12): install one", pyenv.display())
+    })
+}
+
 /// The capabilities the agent's unit grants, as setpriv names them ("+bpf,+perfmon,...").
 pub fn unit_capabilities() -> String {
     let unit = std::fs::read_to_string(Path::new(DEPLOY).join("systemd/ember-agent.service")).unwrap();

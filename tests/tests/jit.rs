@@ -4,14 +4,13 @@
 //! functions, in their order, with complete stacks. Needs root; fails loudly without it.
 use std::{
     os::unix::fs::PermissionsExt,
-    path::{Path, PathBuf},
+    path::Path,
     process::Command,
     time::{Duration, Instant},
 };
 
-use ember_tests::{least_privilege_agent, require_root, Agent, Decoded, Fixture, FixtureRun, Sample, TempDir};
+use ember_tests::{least_privilege_agent, python_3_12, require_root, JIT_FIXTURES, Agent, Decoded, Fixture, FixtureRun, Sample, TempDir};
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/jit");
 const SECONDS: f64 = 5.0;
 
 /// Records `pid` (the runtime, started held in `fixture`) at 499 Hz with the least-privilege
@@ -91,7 +90,7 @@ fn node_functions_are_named_from_the_perf_map_in_the_process_own_namespaces() {
         .arg("mount -t tmpfs tmpfs /tmp && exec \"$0\" \"$@\"")
         // Without inlining, each function keeps its own frame (V8 would fold hot_a into dispatch).
         .args(["node", "--perf-basic-prof", "--interpreted-frames-native-stack", "--no-turbo-inlining"])
-        .arg(Path::new(FIXTURES).join("split.js"));
+        .arg(Path::new(JIT_FIXTURES).join("split.js"));
     let fixture = Fixture::spawn_with(command, "split", SECONDS, &[]);
     let node = child_running(fixture.pid(), "node");
     let (samples, run) = record(&dir, fixture, node);
@@ -102,22 +101,6 @@ fn node_functions_are_named_from_the_perf_map_in_the_process_own_namespaces() {
     check("node", &samples, &run, |f| f.starts_with("node::Start("));
 }
 
-/// A CPython of 3.12 or later: on PATH, or one pyenv installed (Debian 12 packages none).
-fn python_3_12() -> PathBuf {
-    let pyenv = std::env::var("HOME").map(|h| PathBuf::from(h).join(".pyenv/versions")).unwrap_or_default();
-    let mut candidates: Vec<PathBuf> = ["python3.14", "python3.13", "python3.12"].iter().map(PathBuf::from).collect();
-    let mut installed: Vec<PathBuf> = std::fs::read_dir(&pyenv).into_iter().flatten().flatten().map(|e| e.path().join("bin/python3")).collect();
-    installed.sort();
-    candidates.extend(installed.into_iter().rev());
-    let version = |python: &PathBuf| {
-        let out = Command::new(python).args(["-c", "import sys; print(sys.version_info[0] * 100 + sys.version_info[1])"]).output().ok()?;
-        String::from_utf8_lossy(&out.stdout).trim().parse::<u32>().ok()
-    };
-    candidates.into_iter().find(|p| version(p).is_some_and(|v| v >= 312)).unwrap_or_else(|| {
-        panic!("no CPython 3.12 or later on PATH or in {} (`-X perf` needs 3.12): install one", pyenv.display())
-    })
-}
-
 /// CPython's perf trampolines name the Python functions, and are walked through by their own
 /// rule (they keep no frame pointer and have no call frame information).
 #[test]
@@ -125,7 +108,7 @@ fn python_functions_are_named_and_walked_through_the_perf_trampolines() {
     require_root();
     let dir = TempDir::new("jit-python");
     let mut command = Command::new(python_3_12());
-    command.args(["-X", "perf"]).arg(Path::new(FIXTURES).join("split.py"));
+    command.args(["-X", "perf"]).arg(Path::new(JIT_FIXTURES).join("split.py"));
     let fixture = Fixture::spawn_with(command, "split", SECONDS, &[]);
     let pid = fixture.pid();
     let (samples, run) = record(&dir, fixture, pid);

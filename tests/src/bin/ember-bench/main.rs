@@ -1,7 +1,8 @@
-//! `ember-bench oncpu | offcpu | net | transport | unwind`, run by `cargo xtask bench` after the release
-//! build: Ember and its peers on the same workload, in one command, measured the same way from
+//! `ember-bench oncpu | offcpu | net | transport | unwind | jit`, run by `cargo xtask bench` after
+//! the release build: Ember and its peers on the same workload, in one command, measured the same way from
 //! /proc: CPU over a steady-state window, peak RSS, and (with kernel.bpf_stats_enabled) the run
 //! time of each profiler's BPF programs and the memory of its maps.
+mod jit;
 mod net;
 mod offcpu;
 mod oncpu;
@@ -21,7 +22,7 @@ use anyhow::{bail, Context as _, Result};
 #[command(name = "cargo xtask bench")]
 struct BenchArgs {
     /// Which benchmark.
-    #[arg(value_parser = ["oncpu", "offcpu", "net", "transport", "unwind"])]
+    #[arg(value_parser = ["oncpu", "offcpu", "net", "transport", "unwind", "jit"])]
     which: String,
     /// Length of the measured window per run.
     #[arg(long, default_value_t = 20)]
@@ -50,6 +51,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         "net" => net::run(args.seconds),
         "transport" => transport::run(),
         "unwind" => unwind::run(),
+        "jit" => jit::run(args.seconds),
         other => bail!("unknown benchmark {other}"),
     }
 }

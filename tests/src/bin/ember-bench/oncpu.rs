@@ -31,7 +31,7 @@ const PRIMING: Duration = Duration::from_secs(2);
 const WORKERS: usize = 2;
 
 #[derive(Clone, Copy, PartialEq)]
-enum Profiler {
+pub(super) enum Profiler {
     Perf,
     Bpftrace,
     Ember,
@@ -249,7 +249,7 @@ fn measure(profiler: Profiler, workload: &Workload, hz: u64, window: Duration, b
 }
 
 /// Waits until Ember has written a profile to `dir`.
-fn wait_for_profile(dir: &Path) -> Result<()> {
+pub(super) fn wait_for_profile(dir: &Path) -> Result<()> {
     let started = std::time::Instant::now();
     while fs::read_dir(dir).map_or(true, |mut entries| entries.next().is_none()) {
         anyhow::ensure!(started.elapsed() < FIRST_PROFILE, "ember-agent wrote no profile within {FIRST_PROFILE:?}");
@@ -260,7 +260,7 @@ fn wait_for_profile(dir: &Path) -> Result<()> {
 
 /// The workload's stacks (function names, leaf first) with their counts, from each
 /// profiler's own output.
-fn stacks(profiler: Profiler, comm: &str, dir: &Path) -> Vec<(Vec<String>, u64)> {
+pub(super) fn stacks(profiler: Profiler, comm: &str, dir: &Path) -> Vec<(Vec<String>, u64)> {
     let mut stacks = Vec::new();
     // "main+0x12" and "main+18" are main.
     let bare = |frame: &str| frame.split('+').next().unwrap_or(frame).to_string();
