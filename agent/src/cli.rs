@@ -92,6 +92,8 @@ pub struct RunArgs {
     pub node_name: Option<String>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub symbols: SymbolArgs,
 }
 
 #[derive(Args, Debug)]
@@ -110,6 +112,29 @@ pub struct RecordArgs {
     pub flamegraph: Option<PathBuf>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub symbols: SymbolArgs,
+}
+
+/// Where stripped binaries' debug info is found, for `run` and `record`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct SymbolArgs {
+    /// Directory of separate debug files, searched by build id (.build-id/ab/cdef….debug) and
+    /// for debug links; repeat for several [default: /usr/lib/debug].
+    #[arg(long = "debug-dir")]
+    pub debug_dirs: Vec<PathBuf>,
+    /// debuginfod servers to fetch missing debug info from, space-separated [default:
+    /// $DEBUGINFOD_URLS].
+    #[arg(long, env = "DEBUGINFOD_URLS")]
+    pub debuginfod_urls: Option<String>,
+    /// Where fetched debug info is kept [default: $CACHE_DIRECTORY/debuginfod, else
+    /// ~/.cache/ember/debuginfod].
+    #[arg(long)]
+    pub debuginfod_cache: Option<PathBuf>,
+    /// Give up on a debuginfod fetch after this long (frames keep the binary's own names)
+    /// [default: 60s].
+    #[arg(long)]
+    pub debuginfod_timeout: Option<String>,
 }
 
 /// Sampling options shared by `run` and `record`.

@@ -20,7 +20,7 @@ use crate::{
         files::{write_atomic, FileOutputs},
         Shipping,
     },
-    symbolize::Symbolizer,
+    symbolize::{SymbolSettings, Symbolizer},
 };
 
 /// What one written profile holds.
@@ -53,12 +53,12 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    pub fn spawn(event: &'static str, frequency: u64, shipping: Option<Shipping>) -> Pipeline {
+    pub fn spawn(event: &'static str, frequency: u64, shipping: Option<Shipping>, symbols: SymbolSettings) -> Pipeline {
         let (jobs, queue) = mpsc::sync_channel::<Job>(QUEUE);
         let thread = std::thread::Builder::new()
             .name("ember-pipeline".into())
             .spawn(move || {
-                let mut symbolizer = Symbolizer::new();
+                let mut symbolizer = Symbolizer::new(&symbols);
                 let info = ProfileInfo { event, frequency };
                 for job in queue {
                     let result = process(&mut symbolizer, &info, &job.interval, &job.plan, shipping.as_ref());
@@ -196,7 +196,7 @@ mod tests {
 
     #[test]
     fn intervals_beyond_the_queue_are_shed_and_counted() {
-        let pipeline = Pipeline::spawn("cpu-clock", 99, None);
+        let pipeline = Pipeline::spawn("cpu-clock", 99, None, SymbolSettings::default());
         let before = shed();
         // Far faster than the thread takes them (each also returns memory to the kernel).
         for _ in 0..1000 {

@@ -46,7 +46,7 @@ pub async fn run(settings: RunSettings) -> Result<()> {
     };
     let mut resolver = Resolver::start(&settings.kernel, Targets::new(pods, settings.relabel))?;
     health.set_ready();
-    let pipeline = Pipeline::spawn(settings.kernel.event.name(), settings.kernel.frequency, shipping);
+    let pipeline = Pipeline::spawn(settings.kernel.event.name(), settings.kernel.frequency, shipping, settings.symbols.clone());
     let names: Vec<&str> = settings.kinds.iter().map(|k| k.name()).collect();
     tracing::info!(
         frequency = settings.kernel.frequency, event = settings.kernel.event.name(), interval = ?settings.interval,

@@ -91,6 +91,27 @@ pub fn compile_c(source: &Path, out: &Path, flags: &[&str]) {
     assert!(output.status.success(), "gcc {}: {}", source.display(), String::from_utf8_lossy(&output.stderr));
 }
 
+/// C source of a program that spins in `function` (noinline, with `qualifiers` such as
+/// "static") for argv[1] seconds: a known frame under `main`.
+pub fn spin_c(function: &str, qualifiers: &str) -> String {
+    format!(
+        r#"#include <stdlib.h>
+#include <time.h>
+__attribute__((noinline)) {qualifiers} double {function}(double seconds) {{
+    struct timespec start, now;
+    double x = 0;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    do {{
+        for (int i = 0; i < 100000; i++) x += i * 0.5;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+    }} while ((now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9 < seconds);
+    return x;
+}}
+int main(int argc, char **argv) {{ return {function}(atof(argv[1])) == 0.25; }}
+"#
+    )
+}
+
 /// A shell that waits for a line on stdin, then execs `program args` (output discarded): its
 /// pid is known before the program runs (for --pid, or to move it into a cgroup), and stays the
 /// same across the exec. `release` lets it go.

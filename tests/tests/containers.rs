@@ -12,25 +12,8 @@ use std::{
 };
 
 use ember_tests::{
-    compile_c, fetch_metrics, least_privilege_agent, metric, require_root, transport::stop_agent, wait_for_metric, Agent, Decoded, TempDir,
+    compile_c, fetch_metrics, least_privilege_agent, spin_c, metric, require_root, transport::stop_agent, wait_for_metric, Agent, Decoded, TempDir,
 };
-
-/// Spins in `spin_in_container` for argv[1] seconds.
-const SPIN: &str = r#"
-#include <stdlib.h>
-#include <time.h>
-__attribute__((noinline)) double spin_in_container(double seconds) {
-    struct timespec start, now;
-    double x = 0;
-    clock_gettime(CLOCK_MONOTONIC, &start);
-    do {
-        for (int i = 0; i < 100000; i++) x += i * 0.5;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-    } while ((now.tv_sec - start.tv_sec) + (now.tv_nsec - start.tv_nsec) / 1e9 < seconds);
-    return x;
-}
-int main(int argc, char **argv) { return spin_in_container(atof(argv[1])) == 0.25; }
-"#;
 
 /// A host file the container must not get the agent to read: an ELF with its own build id.
 const HOST_FILE: &str = "int host_secret(void) { return 42; }\nint main(void) { return host_secret(); }\n";
@@ -99,7 +82,7 @@ fn a_containers_symlink_or_mount_over_its_binary_cannot_make_the_agent_read_a_ho
     let dir = TempDir::new("container-files");
     std::fs::set_permissions(&dir.0, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     let host_file = compile(&dir, "host-secret", HOST_FILE, HOST_BUILD_ID);
-    let spin = compile(&dir, "spin", SPIN, "5e1f5e1f5e1f5e1f5e1f5e1f5e1f5e1f5e1f5e1f");
+    let spin = compile(&dir, "spin", &spin_c("spin_in_container", ""), "5e1f5e1f5e1f5e1f5e1f5e1f5e1f5e1f5e1f5e1f");
     let root = dir.path("root");
     std::fs::create_dir_all(root.join("bin")).unwrap();
     let names = ["intact", "symlinked", "mounted"];

@@ -47,6 +47,10 @@ const HELP: &[(&str, &str)] = &[
     ("ember_symbol_cache_hits_total", "Addresses symbolized from the cache"),
     ("ember_symbol_cache_misses_total", "Addresses symbolized by reading debug info"),
     ("ember_symbolizer_panics_total", "Binaries whose symbolization panicked (caught; their frames keep module+offset)"),
+    ("ember_frames_awaiting_debuginfo_total", "Addresses named from a stripped binary's own symbols while its debug info was being fetched (named again once it is here)"),
+    ("ember_debuginfod_fetches_total", "debuginfod fetches, by result: found, not_found (no server has the build id), failed (timeout, refused, an error status)"),
+    ("ember_debuginfod_fetch_seconds_total", "Time spent on debuginfod fetches (on their own thread, never in the drain)"),
+    ("ember_jit_functions_dropped_total", "JIT functions in perf maps beyond the 100,000 kept per process (their frames stay unnamed)"),
     ("ember_ship_seconds", "Time spent sending a batch of profiles to a sink, in seconds"),
     ("ember_ship_failures_total", "Failed sends to a sink (retried)"),
     ("ember_spool_profiles", "Profiles waiting in a sink's spool"),
@@ -177,6 +181,29 @@ pub fn value(name: &'static str, labels: &[(&str, &str)]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A metric missing from HELP would panic the thread that first uses it: every name the
+    /// agent's source passes to `add`, `set` or `observe` must be there.
+    #[test]
+    fn every_metric_the_agent_updates_has_help() {
+        fn sources(dir: &std::path::Path, out: &mut Vec<String>) {
+            for entry in std::fs::read_dir(dir).unwrap().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    sources(&path, out);
+                } else if path.extension().is_some_and(|x| x == "rs") {
+                    out.push(std::fs::read_to_string(&path).unwrap());
+                }
+            }
+        }
+        let mut texts = Vec::new();
+        sources(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut texts);
+        let call = regex::Regex::new(r#"metrics::(?:add|set|observe)\(\s*"([a-z_]+)""#).unwrap();
+        let used: Vec<String> = texts.iter().flat_map(|t| call.captures_iter(t).map(|c| c[1].to_string()).collect::<Vec<_>>()).collect();
+        assert!(used.len() > 30, "only {} metric updates found: is the pattern stale?", used.len());
+        let missing: Vec<&String> = used.iter().filter(|name| !HELP.iter().any(|(n, _)| n == name)).collect();
+        assert!(missing.is_empty(), "metrics without HELP: {missing:?}");
+    }
 
     #[test]
     fn renders_counters_gauges_and_histograms_with_escaped_labels() {

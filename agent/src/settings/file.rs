@@ -66,6 +66,11 @@ pub struct FileConfig {
     pub node_name: Option<String>,
     /// Relabel rules applied to each sample's target labels, in order.
     pub relabel: Option<Vec<RuleConfig>>,
+    /// Separate debug info: directories, debuginfod servers, their cache and timeout.
+    pub debug_dirs: Option<Vec<PathBuf>>,
+    pub debuginfod_urls: Option<Vec<String>>,
+    pub debuginfod_cache: Option<PathBuf>,
+    pub debuginfod_timeout: Option<String>,
 }
 
 impl FileConfig {

@@ -17,7 +17,7 @@ pub use file::parse_duration;
 pub use file::FileConfig;
 
 use crate::{
-    cli::{RecordArgs, RunArgs, SamplingArgs},
+    cli::{RecordArgs, RunArgs, SamplingArgs, SymbolArgs},
     encode::ProfileKind,
     kernel::{tracefs::Format, Event, KernelSettings, NetEvent, OffCpuSettings},
     resolve::{
@@ -26,6 +26,7 @@ use crate::{
         relabel::Relabeler,
     },
     ship::{files::FileOutputs, Delivery, ShipSettings},
+    symbolize::{DebuginfodSettings, SymbolSettings},
 };
 
 const DEFAULT_RUN_FREQUENCY: u64 = 19;
@@ -42,6 +43,8 @@ const DEFAULT_OUTPUT_DIR: &str = "ember-profiles";
 const DEFAULT_SPOOL_DIR: &str = "ember-spool";
 const DEFAULT_SPOOL_MIB: f64 = 256.0;
 const DEFAULT_KEEP: usize = 360;
+const DEFAULT_DEBUG_DIR: &str = "/usr/lib/debug";
+const DEFAULT_DEBUGINFOD_TIMEOUT: &str = "60s";
 
 /// `ember-agent run`, resolved.
 pub struct RunSettings {
@@ -56,6 +59,7 @@ pub struct RunSettings {
     pub http: Option<SocketAddr>,
     pub pods: Option<PodSettings>,
     pub relabel: Relabeler,
+    pub symbols: SymbolSettings,
 }
 
 /// `ember-agent record`, resolved.
@@ -65,6 +69,7 @@ pub struct RecordSettings {
     pub duration: Duration,
     /// The files to write; with several kinds, each kind's name is added to them.
     pub files: FileOutputs,
+    pub symbols: SymbolSettings,
 }
 
 impl RunSettings {
@@ -91,6 +96,7 @@ impl RunSettings {
             http: args.http.or(file.http),
             pods: pod_settings(args, &file, &hostname)?,
             relabel: Relabeler::new(file.relabel.as_deref().unwrap_or_default())?,
+            symbols: symbol_settings(&args.symbols, &file)?,
         })
     }
 }
@@ -99,8 +105,39 @@ impl RecordSettings {
     pub fn resolve(args: &RecordArgs) -> Result<RecordSettings> {
         let kernel = kernel_settings(&args.sampling, &FileConfig::default(), DEFAULT_RECORD_FREQUENCY)?;
         let files = FileOutputs { pprof: Some(args.output.clone()), folded: args.folded.clone(), flamegraph: args.flamegraph.clone() };
-        Ok(RecordSettings { kinds: profile_kinds(&kernel), kernel, duration: args.duration, files })
+        let symbols = symbol_settings(&args.symbols, &FileConfig::default())?;
+        Ok(RecordSettings { kinds: profile_kinds(&kernel), kernel, duration: args.duration, files, symbols })
     }
+}
+
+fn symbol_settings(args: &SymbolArgs, file: &FileConfig) -> Result<SymbolSettings> {
+    let mut debug_dirs = if args.debug_dirs.is_empty() { file.debug_dirs.clone().unwrap_or_default() } else { args.debug_dirs.clone() };
+    if debug_dirs.is_empty() {
+        debug_dirs.push(PathBuf::from(DEFAULT_DEBUG_DIR));
+    }
+    let urls: Vec<String> = match &args.debuginfod_urls {
+        Some(urls) => urls.split_whitespace().map(str::to_string).collect(),
+        None => file.debuginfod_urls.clone().unwrap_or_default(),
+    };
+    for url in &urls {
+        ensure!(url.starts_with("http://") || url.starts_with("https://"), "debuginfod URL {url:?} is not http:// or https://");
+        url.parse::<hyper::Uri>().with_context(|| format!("debuginfod URL {url:?} is not a URL"))?;
+    }
+    let timeout = args.debuginfod_timeout.as_deref().or(file.debuginfod_timeout.as_deref()).unwrap_or(DEFAULT_DEBUGINFOD_TIMEOUT);
+    let timeout = parse_duration(timeout).context("debuginfod_timeout")?;
+    let cache = args.debuginfod_cache.clone().or(file.debuginfod_cache.clone()).unwrap_or_else(default_debuginfod_cache);
+    let debuginfod = (!urls.is_empty()).then_some(DebuginfodSettings { urls, cache, timeout });
+    Ok(SymbolSettings { debug_dirs, debuginfod })
+}
+
+/// systemd's cache directory (CacheDirectory=), else the user's.
+fn default_debuginfod_cache() -> PathBuf {
+    let base = std::env::var_os("CACHE_DIRECTORY")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("ember")))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/ember")))
+        .unwrap_or_else(|| PathBuf::from("/var/cache/ember"));
+    base.join("debuginfod")
 }
 
 /// A list from the flag if given, else from the file.

@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result};
 
 pub use compact::CompactTable;
 pub use loader::{MappedFile, TableKey, Unwinder};
-pub use table::{Rule, UnwindTable};
+pub use table::{executable_segments, Rule, Segment, UnwindTable};
 
 /// Builds the table of the ELF file at `path`.
 pub fn table_of_file(path: &Path) -> Result<UnwindTable> {

@@ -92,19 +92,9 @@ impl UnwindTable {
 
     /// Builds the table of an ELF file's bytes.
     pub fn from_elf(data: &[u8]) -> Result<UnwindTable> {
-        use object::{Object as _, ObjectSection as _, ObjectSegment as _};
+        use object::{Object as _, ObjectSection as _};
         let file = object::File::parse(data).context("not an ELF file")?;
-        // Only code is walked. (A read-only segment may share the code's first page, and with
-        // it the file offset of the code's mapping.)
-        let executable = |s: &object::Segment| matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
-        let segments = file
-            .segments()
-            .filter(executable)
-            .map(|s| {
-                let (offset, size) = s.file_range();
-                Segment { address: s.address(), file_range: (offset, offset + size) }
-            })
-            .collect();
+        let segments = executable_segments(&file);
         let section = |name: &str| file.section_by_name(name).and_then(|s| Some((s.address(), s.data().ok()?)));
         let plt: Vec<Range<u64>> = file
             .sections()
@@ -189,6 +179,26 @@ impl Builder {
             rows = merged(rows);
         }
         rows
+    }
+}
+
+/// The file's executable segments. Only code is walked or named. (A read-only segment may
+/// share the code's first page, and with it the file offset of the code's mapping.)
+pub fn executable_segments(file: &object::File) -> Vec<Segment> {
+    use object::{Object as _, ObjectSegment as _};
+    let executable = |s: &object::Segment| matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
+    let segments = file.segments().filter(executable).map(|s| {
+        let (offset, size) = s.file_range();
+        Segment { address: s.address(), file_range: (offset, offset + size) }
+    });
+    segments.collect()
+}
+
+impl Segment {
+    /// The virtual address (as in the file) of the byte at `file_offset`, if this segment
+    /// holds it.
+    pub fn address_of(&self, file_offset: u64) -> Option<u64> {
+        (self.file_range.0..self.file_range.1).contains(&file_offset).then(|| file_offset - self.file_range.0 + self.address)
     }
 }
 

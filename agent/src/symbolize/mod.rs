@@ -1,7 +1,12 @@
 //! Symbolize: names every frame with blazesym. Kernel frames from kallsyms; user frames from
-//! each binary's ELF symbols and DWARF (with inlined functions), looked up by file offset in
-//! the binary the process mapped. Results are cached per (binary, offset) and per kernel
-//! address. blazesym's Symbolizer is !Send, so this lives on the pipeline thread.
+//! each binary's ELF symbols and DWARF (with inlined functions), or its separate debug file
+//! (`debug_files`), looked up by file offset in the binary the process mapped. Results are
+//! cached per (binary, offset) and per kernel address. blazesym's Symbolizer is !Send, so this
+//! lives on the pipeline thread.
+mod debug_files;
+mod debuginfod;
+mod jit;
+
 use std::{
     collections::{HashMap, HashSet},
     panic::{catch_unwind, AssertUnwindSafe},
@@ -13,6 +18,12 @@ use blazesym::symbolize::{
     source::{Elf, Kernel, Source},
     Input, Symbolized,
 };
+
+pub use debug_files::SymbolSettings;
+pub use debuginfod::DebuginfodSettings;
+pub use jit::jit_frame;
+
+use debug_files::{DebugFiles, Source as DebugSource};
 
 use crate::{
     ops::metrics,
@@ -40,14 +51,28 @@ pub struct Symbolizer {
     /// module+offset).
     poisoned: HashSet<(u64, u64)>,
     kernel: HashMap<u64, Frames>,
+    debug_files: DebugFiles,
+    /// Names given while the binary's debug info was on its way: dropped at the next
+    /// interval, so that its addresses are named again once it is here.
+    provisional: Vec<((u64, u64), u64)>,
     /// Cache hits and misses since the pipeline last took them for the metrics.
     pub hits: u64,
     pub misses: u64,
 }
 
 impl Symbolizer {
-    pub fn new() -> Self {
-        Symbolizer { blaze: blaze(), user: HashMap::new(), poisoned: HashSet::new(), kernel: HashMap::new(), hits: 0, misses: 0 }
+    pub fn new(settings: &SymbolSettings) -> Self {
+        let debug_files = DebugFiles::new(settings);
+        Symbolizer {
+            blaze: blaze(debug_files.dirs()),
+            user: HashMap::new(),
+            poisoned: HashSet::new(),
+            kernel: HashMap::new(),
+            debug_files,
+            provisional: Vec::new(),
+            hits: 0,
+            misses: 0,
+        }
     }
 
     /// Symbolizes, in one batch per binary and one for the kernel, every address of the
@@ -56,6 +81,9 @@ impl Symbolizer {
         if self.user.len() + self.kernel.len() > CACHE_LIMIT {
             self.user.clear();
             self.kernel.clear();
+        }
+        for key in self.provisional.drain(..) {
+            self.user.remove(&key);
         }
         let mut user: HashMap<(u64, u64), (Arc<Binary>, Vec<u64>)> = HashMap::new();
         let mut kernel = Vec::new();
@@ -82,17 +110,38 @@ impl Symbolizer {
             offsets.sort_unstable();
             offsets.dedup();
             self.misses += offsets.len() as u64;
-            let source = Source::Elf(Elf::new(binary.open_path()));
-            let poisoned = self.poisoned.contains(&id);
-            let results = if poisoned {
-                None
-            } else {
-                isolated(&binary.name(), || self.blaze.symbolize(&source, Input::FileOffset(&offsets)))
+            // What to read, and each offset's place in the addresses asked for (a separate
+            // debug file is asked by virtual address; an offset outside code has none).
+            let debug_source = self.debug_files.source(&binary);
+            let (path, places, addresses, virtual_addresses) = match &debug_source {
+                DebugSource::Separate { path, segments } => {
+                    let virtual_of = |offset: &u64| segments.iter().find_map(|s| s.address_of(*offset));
+                    let mut addresses = Vec::new();
+                    let places = offsets
+                        .iter()
+                        .map(|offset| {
+                            virtual_of(offset).map(|address| {
+                                addresses.push(address);
+                                addresses.len() - 1
+                            })
+                        })
+                        .collect();
+                    (path.clone(), places, addresses, true)
+                }
+                DebugSource::Own | DebugSource::Pending => (binary.open_path(), (0..offsets.len()).map(Some).collect::<Vec<_>>(), offsets.clone(), false),
             };
+            if matches!(debug_source, DebugSource::Pending) {
+                metrics::add("ember_frames_awaiting_debuginfo_total", &[], offsets.len() as f64);
+                self.provisional.extend(offsets.iter().map(|offset| (id, *offset)));
+            }
+            let source = Source::Elf(Elf::new(&path));
+            let input = if virtual_addresses { Input::VirtOffset(&addresses[..]) } else { Input::FileOffset(&addresses[..]) };
+            let poisoned = self.poisoned.contains(&id);
+            let results = if poisoned { None } else { isolated(&binary.name(), || self.blaze.symbolize(&source, input)) };
             let panicked = !poisoned && results.is_none();
             let results = results.and_then(Result::ok);
-            for (i, offset) in offsets.iter().enumerate() {
-                let sym = results.as_ref().and_then(|r| r.get(i));
+            for (offset, place) in offsets.iter().zip(places) {
+                let sym = results.as_ref().zip(place).and_then(|(r, i)| r.get(i));
                 let frames = to_frames(sym, || format!("{}+{:#x}", binary.name(), offset));
                 self.user.insert((id, *offset), frames);
             }
@@ -100,13 +149,13 @@ impl Symbolizer {
             if panicked {
                 // What a panic left half-built in blazesym's caches must not be reused.
                 self.poisoned.insert(id);
-                self.blaze = blaze();
+                self.blaze = blaze(self.debug_files.dirs());
             } else {
                 // A binary's parsed symbols and DWARF (and its mapped file) are the agent's
                 // largest memory. Its addresses are named and cached above, so release them
                 // now: memory then holds one binary's debug info at a time, and a binary is
                 // parsed again only when new addresses in it appear.
-                let _ = self.blaze.evict(&Evict::Elf(evict::Elf::new(binary.open_path())));
+                let _ = self.blaze.evict(&Evict::Elf(evict::Elf::new(&path)));
             }
         }
         kernel.sort_unstable();
@@ -129,7 +178,7 @@ impl Symbolizer {
         }
         drop(results);
         if panicked {
-            self.blaze = blaze();
+            self.blaze = blaze(self.debug_files.dirs());
         }
     }
 
@@ -143,38 +192,10 @@ impl Symbolizer {
     }
 }
 
-/// A JIT function's frame, from the name its runtime wrote in its perf map. V8's names
-/// ("JS:*hot_a /app/x.js:3:15", the mark before the name being the tier that compiled it) and
-/// CPython's ("py::hot_a:/app/x.py") are split into function, file and line, so that a
-/// function is one node in a flame graph whichever tier ran it. Other names are kept whole.
-pub fn jit_frame(name: &str) -> Frame {
-    let whole = || Frame { function: name.to_string(), file: String::new(), line: 0 };
-    if let Some(rest) = name.strip_prefix("py::") {
-        let (function, file) = rest.split_once(':').unwrap_or((rest, ""));
-        return Frame { function: function.to_string(), file: file.to_string(), line: 0 };
-    }
-    let Some(rest) = ["JS:", "LazyCompile:", "Function:"].iter().find_map(|prefix| name.strip_prefix(prefix)) else {
-        return whole();
-    };
-    let rest = rest.trim_start_matches(['~', '^', '+', '*']);
-    let (function, location) = rest.split_once(' ').unwrap_or((rest, ""));
-    let function = if function.is_empty() { "(anonymous)" } else { function };
-    // "file:line:column", or "file:line"; the file may hold colons ("node:internal/…").
-    let mut parts = location.rsplitn(3, ':');
-    let (last, middle, first) = (parts.next(), parts.next(), parts.next());
-    let number = |part: Option<&str>| part.and_then(|p| p.parse::<u32>().ok());
-    let (file, line) = match (first, number(middle), number(last)) {
-        (Some(file), Some(line), Some(_column)) => (file, line),
-        _ => match (middle, number(last)) {
-            (Some(_), Some(line)) => (location.rsplit_once(':').map_or(location, |(file, _)| file), line),
-            _ => (location, 0),
-        },
-    };
-    Frame { function: function.to_string(), file: file.to_string(), line }
-}
-
-fn blaze() -> blazesym::symbolize::Symbolizer {
-    blazesym::symbolize::Symbolizer::builder().enable_code_info(true).enable_inlined_fns(true).enable_demangling(true).build()
+/// blazesym follows debug links in `debug_dirs` (and next to the binary).
+fn blaze(debug_dirs: &[std::path::PathBuf]) -> blazesym::symbolize::Symbolizer {
+    let builder = blazesym::symbolize::Symbolizer::builder().enable_code_info(true).enable_inlined_fns(true).enable_demangling(true);
+    builder.set_debug_dirs(Some(debug_dirs)).build()
 }
 
 /// Runs one binary's symbolization. A panic in it (a hostile or broken binary, a parser bug)
@@ -222,19 +243,6 @@ mod tests {
 
     fn panics() -> f64 {
         metrics::value("ember_symbolizer_panics_total", &[])
-    }
-
-    #[test]
-    fn jit_names_of_v8_and_cpython_are_split_and_others_kept_whole() {
-        let frame = |f: &str, file: &str, line| Frame { function: f.into(), file: file.into(), line };
-        assert_eq!(jit_frame("JS:*hot_a /tmp/split.js:3:15"), frame("hot_a", "/tmp/split.js", 3));
-        assert_eq!(jit_frame("JS:~hot_a /tmp/split.js:3:15"), frame("hot_a", "/tmp/split.js", 3), "one function whatever the tier");
-        assert_eq!(jit_frame("JS:~setup node:internal/process/pre_execution:478:32"), frame("setup", "node:internal/process/pre_execution", 478));
-        assert_eq!(jit_frame("LazyCompile:*run /app/x.js:7"), frame("run", "/app/x.js", 7));
-        assert_eq!(jit_frame("JS:^ /app/x.js:1:1"), frame("(anonymous)", "/app/x.js", 1));
-        assert_eq!(jit_frame("py::Worker.hot_b:/srv/app.py"), frame("Worker.hot_b", "/srv/app.py", 0));
-        assert_eq!(jit_frame("Builtin:InterpreterEntryTrampoline"), frame("Builtin:InterpreterEntryTrampoline", "", 0));
-        assert_eq!(jit_frame("Interpreter"), frame("Interpreter", "", 0));
     }
 
     #[test]
