@@ -12,6 +12,7 @@ use std::{
 use ember_proto::pprof::Profile;
 use prost::Message;
 
+pub mod bigdebug;
 pub mod kube_api;
 pub mod nofp;
 pub mod transport;

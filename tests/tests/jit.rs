@@ -84,13 +84,14 @@ fn node_functions_are_named_from_the_perf_map_in_the_process_own_namespaces() {
     }
     let _remove = Remove(decoy);
 
+    // The fixtures are bound on /mnt first: the checkout may be under /tmp, which the tmpfs hides.
     let mut command = Command::new("unshare");
     command
         .args(["--pid", "--fork", "--mount", "--mount-proc", "--propagation", "private", "sh", "-c"])
-        .arg("mount -t tmpfs tmpfs /tmp && exec \"$0\" \"$@\"")
+        .arg("mount --bind \"$0\" /mnt && mount -t tmpfs tmpfs /tmp && exec \"$@\"")
+        .arg(JIT_FIXTURES)
         // Without inlining, each function keeps its own frame (V8 would fold hot_a into dispatch).
-        .args(["node", "--perf-basic-prof", "--interpreted-frames-native-stack", "--no-turbo-inlining"])
-        .arg(Path::new(JIT_FIXTURES).join("split.js"));
+        .args(["node", "--perf-basic-prof", "--interpreted-frames-native-stack", "--no-turbo-inlining", "/mnt/split.js"]);
     let fixture = Fixture::spawn_with(command, "split", SECONDS, &[]);
     let node = child_running(fixture.pid(), "node");
     let (samples, run) = record(&dir, fixture, node);

@@ -50,6 +50,8 @@ const HELP: &[(&str, &str)] = &[
     ("ember_frames_awaiting_debuginfo_total", "Addresses named from a stripped binary's own symbols while its debug info was being fetched (named again once it is here)"),
     ("ember_debuginfod_fetches_total", "debuginfod fetches, by result: found, not_found (no server has the build id), failed (timeout, refused, an error status)"),
     ("ember_debuginfod_fetch_seconds_total", "Time spent on debuginfod fetches (on their own thread, never in the drain)"),
+    ("ember_debug_info_held_bytes", "Bytes of symbol tables and DWARF held parsed (bounded by debug_info_mib)"),
+    ("ember_binaries_over_debug_info_budget", "Binaries whose symbols and DWARF exceed debug_info_mib: named from their symbol table only, without lines or inlined functions"),
     ("ember_jit_functions_dropped_total", "JIT functions in perf maps beyond the 100,000 kept per process (their frames stay unnamed)"),
     ("ember_ship_seconds", "Time spent sending a batch of profiles to a sink, in seconds"),
     ("ember_ship_failures_total", "Failed sends to a sink (retried)"),

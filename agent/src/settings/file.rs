@@ -71,6 +71,7 @@ pub struct FileConfig {
     pub debuginfod_urls: Option<Vec<String>>,
     pub debuginfod_cache: Option<PathBuf>,
     pub debuginfod_timeout: Option<String>,
+    pub debug_info_mib: Option<f64>,
 }
 
 impl FileConfig {

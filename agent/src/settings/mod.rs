@@ -45,6 +45,7 @@ const DEFAULT_SPOOL_MIB: f64 = 256.0;
 const DEFAULT_KEEP: usize = 360;
 const DEFAULT_DEBUG_DIR: &str = "/usr/lib/debug";
 const DEFAULT_DEBUGINFOD_TIMEOUT: &str = "60s";
+const DEFAULT_DEBUG_INFO_MIB: f64 = 16.0;
 
 /// `ember-agent run`, resolved.
 pub struct RunSettings {
@@ -127,7 +128,9 @@ fn symbol_settings(args: &SymbolArgs, file: &FileConfig) -> Result<SymbolSetting
     let timeout = parse_duration(timeout).context("debuginfod_timeout")?;
     let cache = args.debuginfod_cache.clone().or(file.debuginfod_cache.clone()).unwrap_or_else(default_debuginfod_cache);
     let debuginfod = (!urls.is_empty()).then_some(DebuginfodSettings { urls, cache, timeout });
-    Ok(SymbolSettings { debug_dirs, debuginfod })
+    let budget = args.debug_info_mib.or(file.debug_info_mib).unwrap_or(DEFAULT_DEBUG_INFO_MIB);
+    ensure!(budget > 0.0 && budget <= 65536.0, "debug_info_mib {budget} is out of range (above 0, at most 65536)");
+    Ok(SymbolSettings { debug_dirs, debuginfod, debug_info_budget: (budget * (1 << 20) as f64) as u64 })
 }
 
 /// systemd's cache directory (CacheDirectory=), else the user's.

@@ -1,15 +1,19 @@
 //! Symbolize: names every frame with blazesym. Kernel frames from kallsyms; user frames from
 //! each binary's ELF symbols and DWARF (with inlined functions), or its separate debug file
-//! (`debug_files`), looked up by file offset in the binary the process mapped. Results are
-//! cached per (binary, offset) and per kernel address. blazesym's Symbolizer is !Send, so this
-//! lives on the pipeline thread.
+//! (`debug_files`), looked up by file offset in the binary the process mapped. What blazesym
+//! holds parsed is bounded by a budget: a binary whose symbols and DWARF exceed it is named
+//! from a compact index of its symbol table (`symtab`) instead. Results are cached per (binary,
+//! offset) and per kernel address. blazesym's Symbolizer is !Send, so this lives on the
+//! pipeline thread.
 mod debug_files;
 mod debuginfod;
 mod jit;
+mod symtab;
 
 use std::{
     collections::{HashMap, HashSet},
     panic::{catch_unwind, AssertUnwindSafe},
+    path::PathBuf,
     sync::Arc,
 };
 
@@ -24,6 +28,7 @@ pub use debuginfod::DebuginfodSettings;
 pub use jit::jit_frame;
 
 use debug_files::{DebugFiles, Source as DebugSource};
+use symtab::SymbolIndex;
 
 use crate::{
     ops::metrics,
@@ -43,6 +48,15 @@ pub type Frames = Arc<[Frame]>;
 
 /// Caches are dropped whole past this many entries, to bound memory on long runs.
 const CACHE_LIMIT: usize = 500_000;
+/// Symbol table indexes are dropped whole past this many bytes.
+const INDEX_LIMIT: usize = 32 << 20;
+
+/// A file blazesym holds parsed, weighed by the bytes it reads to name it.
+struct Held {
+    path: PathBuf,
+    bytes: u64,
+    last_used: u64,
+}
 
 pub struct Symbolizer {
     blaze: blazesym::symbolize::Symbolizer,
@@ -55,6 +69,12 @@ pub struct Symbolizer {
     /// Names given while the binary's debug info was on its way: dropped at the next
     /// interval, so that its addresses are named again once it is here.
     provisional: Vec<((u64, u64), u64)>,
+    /// Files blazesym holds parsed, within `budget` bytes together, least recently used
+    /// released first; and the symbol tables of binaries beyond the budget.
+    held: Vec<Held>,
+    budget: u64,
+    indexes: HashMap<(u64, u64), Option<SymbolIndex>>,
+    intervals: u64,
     /// Cache hits and misses since the pipeline last took them for the metrics.
     pub hits: u64,
     pub misses: u64,
@@ -64,12 +84,16 @@ impl Symbolizer {
     pub fn new(settings: &SymbolSettings) -> Self {
         let debug_files = DebugFiles::new(settings);
         Symbolizer {
-            blaze: blaze(debug_files.dirs()),
+            blaze: blaze(),
             user: HashMap::new(),
             poisoned: HashSet::new(),
             kernel: HashMap::new(),
             debug_files,
             provisional: Vec::new(),
+            held: Vec::new(),
+            budget: settings.debug_info_budget,
+            indexes: HashMap::new(),
+            intervals: 0,
             hits: 0,
             misses: 0,
         }
@@ -85,6 +109,7 @@ impl Symbolizer {
         for key in self.provisional.drain(..) {
             self.user.remove(&key);
         }
+        self.intervals += 1;
         let mut user: HashMap<(u64, u64), (Arc<Binary>, Vec<u64>)> = HashMap::new();
         let mut kernel = Vec::new();
         for site in interval.samples.iter().flat_map(|s| &s.stack) {
@@ -106,57 +131,11 @@ impl Symbolizer {
                 _ => {}
             }
         }
-        for (id, (binary, mut offsets)) in user {
+        for (binary, mut offsets) in user.into_values() {
             offsets.sort_unstable();
             offsets.dedup();
             self.misses += offsets.len() as u64;
-            // What to read, and each offset's place in the addresses asked for (a separate
-            // debug file is asked by virtual address; an offset outside code has none).
-            let debug_source = self.debug_files.source(&binary);
-            let (path, places, addresses, virtual_addresses) = match &debug_source {
-                DebugSource::Separate { path, segments } => {
-                    let virtual_of = |offset: &u64| segments.iter().find_map(|s| s.address_of(*offset));
-                    let mut addresses = Vec::new();
-                    let places = offsets
-                        .iter()
-                        .map(|offset| {
-                            virtual_of(offset).map(|address| {
-                                addresses.push(address);
-                                addresses.len() - 1
-                            })
-                        })
-                        .collect();
-                    (path.clone(), places, addresses, true)
-                }
-                DebugSource::Own | DebugSource::Pending => (binary.open_path(), (0..offsets.len()).map(Some).collect::<Vec<_>>(), offsets.clone(), false),
-            };
-            if matches!(debug_source, DebugSource::Pending) {
-                metrics::add("ember_frames_awaiting_debuginfo_total", &[], offsets.len() as f64);
-                self.provisional.extend(offsets.iter().map(|offset| (id, *offset)));
-            }
-            let source = Source::Elf(Elf::new(&path));
-            let input = if virtual_addresses { Input::VirtOffset(&addresses[..]) } else { Input::FileOffset(&addresses[..]) };
-            let poisoned = self.poisoned.contains(&id);
-            let results = if poisoned { None } else { isolated(&binary.name(), || self.blaze.symbolize(&source, input)) };
-            let panicked = !poisoned && results.is_none();
-            let results = results.and_then(Result::ok);
-            for (offset, place) in offsets.iter().zip(places) {
-                let sym = results.as_ref().zip(place).and_then(|(r, i)| r.get(i));
-                let frames = to_frames(sym, || format!("{}+{:#x}", binary.name(), offset));
-                self.user.insert((id, *offset), frames);
-            }
-            drop(results);
-            if panicked {
-                // What a panic left half-built in blazesym's caches must not be reused.
-                self.poisoned.insert(id);
-                self.blaze = blaze(self.debug_files.dirs());
-            } else {
-                // A binary's parsed symbols and DWARF (and its mapped file) are the agent's
-                // largest memory. Its addresses are named and cached above, so release them
-                // now: memory then holds one binary's debug info at a time, and a binary is
-                // parsed again only when new addresses in it appear.
-                let _ = self.blaze.evict(&Evict::Elf(evict::Elf::new(&path)));
-            }
+            self.name_binary(&binary, &offsets);
         }
         kernel.sort_unstable();
         kernel.dedup();
@@ -174,12 +153,100 @@ impl Symbolizer {
         let results = results.and_then(Result::ok);
         for (i, addr) in kernel.iter().enumerate() {
             let sym = results.as_ref().and_then(|r| r.get(i));
-            self.kernel.insert(*addr, to_frames(sym, || format!("[kernel]+{addr:#x}")));
+            let frames = sym.and_then(to_frames).unwrap_or_else(|| Arc::from([Frame { function: format!("[kernel]+{addr:#x}"), file: String::new(), line: 0 }]));
+            self.kernel.insert(*addr, frames);
         }
         drop(results);
         if panicked {
-            self.blaze = blaze(self.debug_files.dirs());
+            self.blaze = blaze();
         }
+    }
+
+    /// Names `offsets` of `binary`: from its DWARF (lines, inlined functions) when what
+    /// naming it reads fits the budget, else from its symbol table.
+    fn name_binary(&mut self, binary: &Binary, offsets: &[u64]) {
+        let source = self.debug_files.source(binary);
+        if source.pending {
+            metrics::add("ember_frames_awaiting_debuginfo_total", &[], offsets.len() as f64);
+            self.provisional.extend(offsets.iter().map(|offset| (binary.id, *offset)));
+        }
+        let names = if source.parse_bytes > self.budget { self.from_symbol_table(binary, &source, offsets) } else { self.from_dwarf(binary, &source, offsets) };
+        for (offset, frames) in offsets.iter().zip(names) {
+            let frames = frames.unwrap_or_else(|| Arc::from([Frame { function: format!("{}+{offset:#x}", binary.name()), file: String::new(), line: 0 }]));
+            self.user.insert((binary.id, *offset), frames);
+        }
+    }
+
+    /// blazesym over the binary, or its separate debug file by virtual address. The file stays
+    /// parsed while the budget allows: the least recently used are released first.
+    fn from_dwarf(&mut self, binary: &Binary, source: &DebugSource, offsets: &[u64]) -> Vec<Option<Frames>> {
+        // Each offset's place among the addresses asked for (an offset outside code has none).
+        let (path, places, addresses, by_address): (PathBuf, Vec<Option<usize>>, Vec<u64>, bool) = match &source.debug_file {
+            Some(path) => {
+                let mut addresses = Vec::new();
+                let places = offsets
+                    .iter()
+                    .map(|offset| {
+                        source.segments.iter().find_map(|s| s.address_of(*offset)).map(|address| {
+                            addresses.push(address);
+                            addresses.len() - 1
+                        })
+                    })
+                    .collect();
+                (path.clone(), places, addresses, true)
+            }
+            None => (binary.open_path(), (0..offsets.len()).map(Some).collect(), offsets.to_vec(), false),
+        };
+        if self.poisoned.contains(&binary.id) {
+            return vec![None; offsets.len()];
+        }
+        let input = if by_address { Input::VirtOffset(&addresses[..]) } else { Input::FileOffset(&addresses[..]) };
+        let results = isolated(binary.name(), || self.blaze.symbolize(&Source::Elf(Elf::new(&path)), input));
+        let Some(results) = results else {
+            // What a panic left half-built in blazesym's caches must not be reused.
+            self.poisoned.insert(binary.id);
+            self.blaze = blaze();
+            self.held.clear();
+            return vec![None; offsets.len()];
+        };
+        let results = results.ok();
+        let names = places.iter().map(|place| results.as_ref().zip(*place).and_then(|(r, i)| r.get(i)).and_then(to_frames)).collect();
+        drop(results);
+        self.hold(path, source.parse_bytes);
+        names
+    }
+
+    /// Keeps `path` parsed, releasing the least recently used files past the budget.
+    fn hold(&mut self, path: PathBuf, bytes: u64) {
+        match self.held.iter_mut().find(|h| h.path == path) {
+            Some(held) => held.last_used = self.intervals,
+            None => self.held.push(Held { path, bytes, last_used: self.intervals }),
+        }
+        while self.held.iter().map(|h| h.bytes).sum::<u64>() > self.budget {
+            let oldest = self.held.iter().enumerate().min_by_key(|(_, h)| h.last_used).map(|(i, _)| i).expect("over budget means held");
+            let released = self.held.swap_remove(oldest);
+            let _ = self.blaze.evict(&Evict::Elf(evict::Elf::new(&released.path)));
+        }
+        metrics::set("ember_debug_info_held_bytes", &[], self.held.iter().map(|h| h.bytes).sum::<u64>() as f64);
+    }
+
+    /// Function names only, from the binary's (or its debug file's) symbol table, indexed once.
+    fn from_symbol_table(&mut self, binary: &Binary, source: &DebugSource, offsets: &[u64]) -> Vec<Option<Frames>> {
+        if self.indexes.values().flatten().map(SymbolIndex::bytes).sum::<usize>() > INDEX_LIMIT {
+            self.indexes.clear();
+        }
+        let over_budget = self.indexes.len() + usize::from(!self.indexes.contains_key(&binary.id));
+        metrics::set("ember_binaries_over_debug_info_budget", &[], over_budget as f64);
+        let index = self.indexes.entry(binary.id).or_insert_with(|| {
+            tracing::info!(binary = binary.name(), bytes = source.parse_bytes, "symbols and DWARF beyond the debug-info budget: named from the symbol table only, without lines or inlined functions");
+            SymbolIndex::build(source.debug_file.as_deref().unwrap_or(&binary.open_path()))
+        });
+        let name = |offset: &u64| {
+            let address = source.segments.iter().find_map(|s| s.address_of(*offset))?;
+            let function = index.as_ref()?.name(address)?;
+            Some(Arc::from([Frame { function, file: String::new(), line: 0 }]))
+        };
+        offsets.iter().map(name).collect()
     }
 
     /// Frames of a user address symbolized by `prepare`.
@@ -192,10 +259,11 @@ impl Symbolizer {
     }
 }
 
-/// blazesym follows debug links in `debug_dirs` (and next to the binary).
-fn blaze(debug_dirs: &[std::path::PathBuf]) -> blazesym::symbolize::Symbolizer {
+/// Debug links are followed by `debug_files`, which weighs what they lead to: blazesym is
+/// told of no debug directory.
+fn blaze() -> blazesym::symbolize::Symbolizer {
     let builder = blazesym::symbolize::Symbolizer::builder().enable_code_info(true).enable_inlined_fns(true).enable_demangling(true);
-    builder.set_debug_dirs(Some(debug_dirs)).build()
+    builder.set_debug_dirs(Some::<[&std::path::Path; 0]>([])).build()
 }
 
 /// Runs one binary's symbolization. A panic in it (a hostile or broken binary, a parser bug)
@@ -213,11 +281,10 @@ fn isolated<T>(binary: &str, symbolize: impl FnOnce() -> T) -> Option<T> {
     }
 }
 
-/// Unresolvable addresses keep module + offset, never a bare address.
-fn to_frames(sym: Option<&Symbolized>, fallback: impl FnOnce() -> String) -> Frames {
-    let Some(Symbolized::Sym(sym)) = sym else {
-        return Arc::from([Frame { function: fallback(), file: String::new(), line: 0 }]);
-    };
+/// A symbol's frames, innermost inlined function first (None: not named; the caller keeps
+/// module + offset, never a bare address).
+fn to_frames(sym: &Symbolized) -> Option<Frames> {
+    let Symbolized::Sym(sym) = sym else { return None };
     let file_of = |info: Option<&blazesym::symbolize::CodeInfo>| {
         info.map(|c| (c.to_path().display().to_string(), c.line.unwrap_or(0))).unwrap_or_default()
     };
@@ -234,7 +301,7 @@ fn to_frames(sym: Option<&Symbolized>, fallback: impl FnOnce() -> String) -> Fra
         .collect();
     let (file, line) = file_of(sym.code_info.as_deref());
     frames.push(Frame { function: sym.name.to_string(), file, line });
-    Arc::from(frames)
+    Some(Arc::from(frames))
 }
 
 #[cfg(test)]

@@ -33,6 +33,10 @@ struct BenchArgs {
     /// oncpu: run a C workload built without frame pointers (perf then unwinds with DWARF).
     #[arg(long)]
     no_frame_pointers: bool,
+    /// oncpu: run a C++ binary with about 100 MB of DWARF beside the workers (what naming it
+    /// costs the agent).
+    #[arg(long)]
+    debug_binary: bool,
 }
 
 fn main() {
@@ -46,7 +50,7 @@ fn main() {
 fn bench(args: BenchArgs) -> Result<()> {
     let _stats = BpfStatsEnabled::enable()?;
     match args.which.as_str() {
-        "oncpu" => oncpu::run(args.seconds, &args.frequencies, args.no_frame_pointers),
+        "oncpu" => oncpu::run(args.seconds, &args.frequencies, args.no_frame_pointers, args.debug_binary),
         "offcpu" => offcpu::run(args.seconds),
         "net" => net::run(args.seconds),
         "transport" => transport::run(),

@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result};
-use ember_tests::{nofp, perf_script, Decoded};
+use ember_tests::{bigdebug, nofp, perf_script, Decoded};
 
 use super::{opt, release_bin, Profiler as Running};
 
@@ -128,19 +128,23 @@ struct Row {
     judged: String,
 }
 
-pub fn run(seconds: u64, frequencies: &[u64], no_frame_pointers: bool) -> Result<()> {
+pub fn run(seconds: u64, frequencies: &[u64], no_frame_pointers: bool, debug_binary: bool) -> Result<()> {
     let window = Duration::from_secs(seconds);
     if seconds % INTERVAL.as_secs() != 0 {
         println!("note: --seconds {seconds} is not a whole number of Ember's {}s intervals: its steady CPU then depends on how many drains the window catches", INTERVAL.as_secs());
     }
     let built = std::env::temp_dir().join(format!("ember-bench-nofp-{}", std::process::id()));
-    let workload = if no_frame_pointers {
-        fs::create_dir_all(&built)?;
-        Workload::NoFramePointers(nofp::build(&built).pie)
-    } else {
-        Workload::FramePointers
-    };
+    fs::create_dir_all(&built)?;
+    let workload = if no_frame_pointers { Workload::NoFramePointers(nofp::build(&built).pie) } else { Workload::FramePointers };
+    let beside = debug_binary.then(|| {
+        println!("bench oncpu: building the big-debug workload (C++ at -O0 -g)");
+        bigdebug::build(&built)
+    });
+    if let Some(binary) = &beside {
+        println!("  {}: {:.0} MB", binary.display(), fs::metadata(binary)?.len() as f64 / 1e6);
+    }
     println!("bench oncpu: {WORKERS} busy {} workers, {seconds}s measured per run after a {}s warm-up", workload.comm(), WARM_UP.as_secs());
+    let workload = Setup { workload, beside };
     let baseline = run_workload(&workload, window)?;
     println!("  no profiler: {baseline:.1} rounds/s");
     let mut rows = Vec::new();
@@ -156,9 +160,9 @@ pub fn run(seconds: u64, frequencies: &[u64], no_frame_pointers: bool) -> Result
     println!(
         "Command: cargo xtask bench oncpu --seconds {seconds} --frequencies {}{}",
         frequencies.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
-        if no_frame_pointers { " --no-frame-pointers" } else { "" }
+        if no_frame_pointers { " --no-frame-pointers" } else { "" }.to_string() + if debug_binary { " --debug-binary" } else { "" }
     );
-    println!("| profiler | Hz | BPF ns/sample | steady CPU % of one core | start-up CPU s | peak RSS MiB | RSS at end MiB (files) | BPF map MiB | throughput vs none | {} |", workload.judged());
+    println!("| profiler | Hz | BPF ns/sample | steady CPU % of one core | start-up CPU s | peak RSS MiB | RSS at end MiB (files) | BPF map MiB | throughput vs none | {} |", workload.workload.judged());
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
@@ -179,12 +183,23 @@ pub fn run(seconds: u64, frequencies: &[u64], no_frame_pointers: bool) -> Result
     Ok(())
 }
 
+/// The workers' workload, and a binary that runs beside them (not counted in throughput).
+struct Setup {
+    workload: Workload,
+    beside: Option<PathBuf>,
+}
+
 /// Runs the workload on every worker; returns completed rounds per second.
-fn run_workload(workload: &Workload, window: Duration) -> Result<f64> {
+fn run_workload(setup: &Setup, window: Duration) -> Result<f64> {
+    let seconds = window.as_secs_f64().to_string();
+    let beside = setup.beside.as_ref().map(|binary| Command::new(binary).arg(&seconds).stdout(Stdio::null()).spawn()).transpose()?;
     let workers: Vec<Child> = (0..WORKERS)
-        .map(|_| workload.command(window.as_secs_f64()).stdout(Stdio::piped()).spawn())
+        .map(|_| setup.workload.command(window.as_secs_f64()).stdout(Stdio::piped()).spawn())
         .collect::<Result<_, _>>()
         .context("starting the workload")?;
+    if let Some(mut beside) = beside {
+        beside.wait()?;
+    }
     let mut rounds = 0u64;
     for worker in workers {
         let out = worker.wait_with_output()?;
@@ -195,7 +210,8 @@ fn run_workload(workload: &Workload, window: Duration) -> Result<f64> {
     Ok(rounds as f64 / window.as_secs_f64())
 }
 
-fn measure(profiler: Profiler, workload: &Workload, hz: u64, window: Duration, baseline: f64) -> Result<Row> {
+fn measure(profiler: Profiler, setup: &Setup, hz: u64, window: Duration, baseline: f64) -> Result<Row> {
+    let workload = &setup.workload;
     let dir = std::env::temp_dir().join(format!("ember-bench-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir)?;
@@ -219,7 +235,7 @@ fn measure(profiler: Profiler, workload: &Workload, hz: u64, window: Duration, b
     };
     let profiler_process = Running::start(profiler.name(workload), command)?;
     let started = std::time::Instant::now();
-    run_workload(workload, PRIMING)?;
+    run_workload(setup, PRIMING)?;
     std::thread::sleep(WARM_UP.saturating_sub(started.elapsed()));
     if profiler == Profiler::Ember {
         wait_for_profile(&dir.join("profiles"))?;
@@ -227,7 +243,7 @@ fn measure(profiler: Profiler, workload: &Workload, hz: u64, window: Duration, b
     }
     let before = profiler_process.snapshot()?;
     let started = std::time::Instant::now();
-    let throughput = run_workload(workload, window)?;
+    let throughput = run_workload(setup, window)?;
     let elapsed = started.elapsed().as_secs_f64();
     let after = profiler_process.snapshot()?;
     profiler_process.stop()?;
