@@ -114,13 +114,14 @@ fn examine(binary: &Binary, dirs: &[PathBuf], fetchable: bool) -> Known {
     }
 }
 
-/// Bytes of the sections blazesym reads to name an ELF file's addresses: DWARF (compressed or
-/// not) and symbol tables.
+/// Bytes of the sections blazesym reads to name an ELF file's addresses: DWARF and symbol
+/// tables, compressed ones at their uncompressed size (blazesym inflates them in memory).
 fn parse_bytes(elf: &object::File) -> u64 {
-    let debug = |s: &object::Section| {
+    let read = |s: &object::Section| {
         s.name().is_ok_and(|n| n.starts_with(".debug_") || n.starts_with(".zdebug_") || [".symtab", ".strtab", ".dynsym", ".dynstr"].contains(&n))
     };
-    elf.sections().filter(debug).map(|s| s.size()).sum()
+    let size = |s: object::Section| s.compressed_file_range().map_or(s.size(), |range| range.uncompressed_size.max(s.size()));
+    elf.sections().filter(read).map(size).sum()
 }
 
 fn parse_bytes_of(path: &Path) -> Option<u64> {

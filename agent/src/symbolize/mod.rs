@@ -73,7 +73,9 @@ pub struct Symbolizer {
     /// released first; and the symbol tables of binaries beyond the budget.
     held: Vec<Held>,
     budget: u64,
-    indexes: HashMap<(u64, u64), Option<SymbolIndex>>,
+    /// Symbol table indexes, with the frames of their functions named so far (shared by
+    /// every address in a function).
+    indexes: HashMap<(u64, u64), Option<(SymbolIndex, HashMap<usize, Frames>)>>,
     intervals: u64,
     /// Cache hits and misses since the pipeline last took them for the metrics.
     pub hits: u64,
@@ -232,21 +234,26 @@ impl Symbolizer {
 
     /// Function names only, from the binary's (or its debug file's) symbol table, indexed once.
     fn from_symbol_table(&mut self, binary: &Binary, source: &DebugSource, offsets: &[u64]) -> Vec<Option<Frames>> {
-        if self.indexes.values().flatten().map(SymbolIndex::bytes).sum::<usize>() > INDEX_LIMIT {
+        if self.indexes.values().flatten().map(|(index, named)| index.bytes() + named.len() * 64).sum::<usize>() > INDEX_LIMIT {
             self.indexes.clear();
         }
         let over_budget = self.indexes.len() + usize::from(!self.indexes.contains_key(&binary.id));
         metrics::set("ember_binaries_over_debug_info_budget", &[], over_budget as f64);
         let index = self.indexes.entry(binary.id).or_insert_with(|| {
             tracing::info!(binary = binary.name(), bytes = source.parse_bytes, "symbols and DWARF beyond the debug-info budget: named from the symbol table only, without lines or inlined functions");
-            SymbolIndex::build(source.debug_file.as_deref().unwrap_or(&binary.open_path()))
+            SymbolIndex::build(source.debug_file.as_deref().unwrap_or(&binary.open_path())).map(|index| (index, HashMap::new()))
         });
-        let name = |offset: &u64| {
-            let address = source.segments.iter().find_map(|s| s.address_of(*offset))?;
-            let function = index.as_ref()?.name(address)?;
-            Some(Arc::from([Frame { function, file: String::new(), line: 0 }]))
+        let Some((index, named)) = index else { return vec![None; offsets.len()] };
+        let mut name = |offset: &u64| {
+            let function = index.function_at(source.segments.iter().find_map(|s| s.address_of(*offset))?)?;
+            if let Some(frames) = named.get(&function) {
+                return Some(frames.clone());
+            }
+            let frames: Frames = Arc::from([Frame { function: index.name(function)?, file: String::new(), line: 0 }]);
+            named.insert(function, frames.clone());
+            Some(frames)
         };
-        offsets.iter().map(name).collect()
+        offsets.iter().map(&mut name).collect()
     }
 
     /// Frames of a user address symbolized by `prepare`.

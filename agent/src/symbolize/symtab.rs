@@ -60,11 +60,18 @@ impl SymbolIndex {
         Some(SymbolIndex { file, strings, functions })
     }
 
-    /// The demangled name of the function that holds `address` (a virtual address of the file).
-    pub fn name(&self, address: u64) -> Option<String> {
-        let after = self.functions.partition_point(|f| f.address <= address);
-        let function = &self.functions[after.checked_sub(1)?];
-        if address >= function.address + function.size as u64 || function.name as u64 >= self.strings.1 {
+    /// The function that holds `address` (a virtual address of the file): its index, the same
+    /// for every address in it.
+    pub fn function_at(&self, address: u64) -> Option<usize> {
+        let index = self.functions.partition_point(|f| f.address <= address).checked_sub(1)?;
+        let function = &self.functions[index];
+        (address < function.address + function.size as u64).then_some(index)
+    }
+
+    /// The demangled name of function `index`, read from the file.
+    pub fn name(&self, index: usize) -> Option<String> {
+        let function = self.functions.get(index)?;
+        if function.name as u64 >= self.strings.1 {
             return None;
         }
         let mut buffer = vec![0u8; MAX_NAME.min((self.strings.1 - function.name as u64) as usize)];
@@ -100,10 +107,12 @@ mod tests {
         let exe = std::env::current_exe().unwrap();
         let index = SymbolIndex::build(&exe).expect("the test binary has a symbol table");
         assert!(index.functions.len() > 1000, "{} functions", index.functions.len());
-        let function = index.functions.iter().find(|f| f.size > 16).unwrap();
-        let name = index.name(function.address).unwrap();
-        assert_eq!(index.name(function.address + function.size as u64 / 2), Some(name.clone()));
+        let at = index.functions.iter().position(|f| f.size > 16).unwrap();
+        let function = &index.functions[at];
+        assert_eq!(index.function_at(function.address), Some(at));
+        assert_eq!(index.function_at(function.address + function.size as u64 - 1), Some(at));
+        let name = index.name(at).unwrap();
         assert!(!name.starts_with("_ZN"), "not demangled: {name}");
-        assert_eq!(index.name(0), None);
+        assert_eq!(index.function_at(0), None);
     }
 }
