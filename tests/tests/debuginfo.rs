@@ -190,3 +190,37 @@ fn debuginfod_fills_names_in_later_intervals_and_a_hung_server_stalls_nothing() 
     let (named_hung, all_hung) = named(&profiles, children[1].id());
     assert!(all_hung > 1000 && named_hung == 0, "the hung binary: {named_hung} of {all_hung} named");
 }
+
+/// Past the debug-info budget a binary is never parsed whole: its functions are named from its
+/// symbol table (no lines), and it is counted; within the budget it keeps its lines.
+#[test]
+fn a_binary_beyond_the_debug_info_budget_is_named_from_its_symbol_table() {
+    require_root();
+    let dir = TempDir::new("budget");
+    let source = dir.path("spin.c");
+    std::fs::write(&source, spin_c("budget_hot", "static")).unwrap();
+    let binary = dir.path("spin");
+    compile_c(&source, &binary, &["-O1", "-g"]);
+    let record = |budget: &str| -> (Decoded, f64) {
+        let mut child = held(&binary, &["3"]);
+        let (out, http) = (dir.path(&format!("out-{budget}")), ember_tests::transport::free_address());
+        let (pid, http_address) = (child.id().to_string(), http.to_string());
+        let args = ["run", "-F", "499", "--interval", "1s", "--output-dir", out.to_str().unwrap(), "--http", &http_address, "--pid", &pid, "--debug-info-mib", budget];
+        let mut agent = Agent::spawn(&args);
+        agent.wait_ready();
+        release(&mut child);
+        assert!(child.wait().unwrap().success());
+        std::thread::sleep(Duration::from_millis(1500)); // one more drain
+        let over = metric_value(&fetch_metrics(http), "ember_binaries_over_debug_info_budget").unwrap_or(0.0);
+        stop_agent(agent);
+        let profiles = Decoded::read_kind(&out, "cpu");
+        let named = profiles.into_iter().find(|p| p.samples.iter().any(|s| s.has_function("budget_hot"))).expect("budget_hot named");
+        (named, over)
+    };
+    // 0.001 MiB: every binary is beyond it.
+    let (tight, over) = record("0.001");
+    assert!(!has_line(&tight, "budget_hot"), "named with a line number: its DWARF was read past the budget");
+    assert!(over >= 1.0, "no binary counted over the budget");
+    let (roomy, _) = record("16");
+    assert!(has_line(&roomy, "budget_hot"), "within the budget the DWARF's line numbers are lost");
+}
