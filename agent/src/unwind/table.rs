@@ -21,7 +21,7 @@ const RETURN_ADDRESS: Register = Register(16);
 pub enum Rule {
     /// CFA = rsp + `cfa_offset` (or rbp + `cfa_offset` when `cfa_is_rbp`); the return address
     /// is at CFA - 8; rbp is unchanged (`rbp_offset` 0) or saved at CFA + `rbp_offset`.
-    Frame { cfa_is_rbp: bool, cfa_offset: i64, rbp_offset: i64 },
+    Frame { cfa_is_rbp: bool, cfa_offset: i32, rbp_offset: i32 },
     /// The return address is undefined: the outermost frame (`_start`, a thread's start).
     Outermost,
     /// A PLT stub with the linkers' usual rule: CFA = rsp + 8, plus 8 more from the
@@ -46,6 +46,8 @@ pub enum Unsupported {
     ReturnAddress,
     /// rbp is restored by a rule other than "unchanged" or "saved at CFA + offset".
     Rbp,
+    /// An offset beyond 32 bits (no stack frame is that large).
+    LargeOffset,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -208,18 +210,22 @@ const FRAME_POINTER: Rule = Rule::Frame { cfa_is_rbp: true, cfa_offset: 16, rbp_
 /// Sorted by address; where a range starts at another's end, its first row replaces the
 /// other's `NoInfo`; rows that repeat the rule before them are dropped.
 fn merged(mut rows: Vec<Row>) -> Vec<Row> {
-    // Stable: at equal addresses a `NoInfo` end comes before the next range's first row, and
-    // the later row wins.
-    rows.sort_by_key(|row| (row.address, row.rule != Rule::NoInfo));
-    let mut merged: Vec<Row> = Vec::with_capacity(rows.len());
-    for row in rows {
-        match merged.last_mut() {
-            Some(last) if last.address == row.address => *last = row,
-            _ => merged.push(row),
+    // At equal addresses a `NoInfo` end comes before the next range's first row, and the later
+    // row wins. In place, without a stable sort's scratch space (megabytes for a large binary):
+    // rows alike in the key are alike in rule, but for FDEs that overlap, a malformed case in
+    // which either may win.
+    rows.sort_unstable_by_key(|row| (row.address, row.rule != Rule::NoInfo));
+    // In place: a large binary has hundreds of thousands of rows.
+    rows.dedup_by(|next, previous| {
+        let same_address = next.address == previous.address;
+        if same_address {
+            *previous = *next;
         }
-    }
-    merged.dedup_by(|next, previous| next.rule == previous.rule);
-    merged
+        same_address
+    });
+    rows.dedup_by(|next, previous| next.rule == previous.rule);
+    rows.shrink_to_fit();
+    rows
 }
 
 /// Address ranges of the file's functions, from its symbol table (or, stripped, its dynamic
@@ -265,5 +271,8 @@ fn rule_of(row: &gimli::UnwindTableRow<usize>) -> Rule {
         Some(RegisterRule::Offset(offset)) => offset,
         Some(_) => return Rule::Unsupported(Unsupported::Rbp),
     };
-    Rule::Frame { cfa_is_rbp, cfa_offset, rbp_offset }
+    match (i32::try_from(cfa_offset), i32::try_from(rbp_offset)) {
+        (Ok(cfa_offset), Ok(rbp_offset)) => Rule::Frame { cfa_is_rbp, cfa_offset, rbp_offset },
+        _ => Rule::Unsupported(Unsupported::LargeOffset),
+    }
 }
