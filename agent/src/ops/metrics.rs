@@ -51,6 +51,7 @@ const HELP: &[(&str, &str)] = &[
     ("ember_debuginfod_fetches_total", "debuginfod fetches, by result: found, not_found (no server has the build id), failed (timeout, refused, an error status)"),
     ("ember_debuginfod_fetch_seconds_total", "Time spent on debuginfod fetches (on their own thread, never in the drain)"),
     ("ember_debug_info_held_bytes", "Bytes of symbol tables and DWARF held parsed (bounded by debug_info_mib)"),
+    ("ember_debug_info_crowded_out_total", "Binaries that fit the debug-info budget alone but not beside those in use: named from their symbol table for 30 intervals, then tried again"),
     ("ember_binaries_over_debug_info_budget", "Binaries whose symbols and DWARF exceed debug_info_mib: named from their symbol table only, without lines or inlined functions"),
     ("ember_jit_functions_dropped_total", "JIT functions in perf maps beyond the 100,000 kept per process (their frames stay unnamed)"),
     ("ember_ship_seconds", "Time spent sending a batch of profiles to a sink, in seconds"),

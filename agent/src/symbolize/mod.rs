@@ -51,12 +51,21 @@ const CACHE_LIMIT: usize = 500_000;
 /// Symbol table indexes are dropped whole past this many bytes.
 const INDEX_LIMIT: usize = 32 << 20;
 
-/// A file blazesym holds parsed, weighed by the bytes it reads to name it.
+/// A binary whose symbols blazesym holds parsed, weighed by the bytes it reads to name it.
+/// `path` reaches the same file whichever process maps the binary (an fd of its own, or a
+/// separate debug file), so that blazesym's cache serves them all.
 struct Held {
+    binary: (u64, u64),
     path: PathBuf,
+    /// The binary opened by the symbolizer itself, when `path` is its fd.
+    _file: Option<std::fs::File>,
     bytes: u64,
     last_used: u64,
 }
+
+/// A binary that did not fit beside the ones in use is named from its symbol table for this
+/// many intervals, then tried again: no binary is parsed anew every interval.
+const RETRY_OVER_BUDGET: u64 = 30;
 
 pub struct Symbolizer {
     blaze: blazesym::symbolize::Symbolizer,
@@ -73,6 +82,10 @@ pub struct Symbolizer {
     /// released first; and the symbol tables of binaries beyond the budget.
     held: Vec<Held>,
     budget: u64,
+    /// Binaries that did not fit, and the interval from which to try them again.
+    crowded_out: HashMap<(u64, u64), u64>,
+    /// Binaries opened for blazesym, until they are held.
+    own_files: HashMap<(u64, u64), std::fs::File>,
     /// Symbol table indexes, with the frames of their functions named so far (shared by
     /// every address in a function).
     indexes: HashMap<(u64, u64), Option<(SymbolIndex, HashMap<usize, Frames>)>>,
@@ -94,6 +107,8 @@ impl Symbolizer {
             provisional: Vec::new(),
             held: Vec::new(),
             budget: settings.debug_info_budget,
+            crowded_out: HashMap::new(),
+            own_files: HashMap::new(),
             indexes: HashMap::new(),
             intervals: 0,
             hits: 0,
@@ -112,6 +127,7 @@ impl Symbolizer {
             self.user.remove(&key);
         }
         self.intervals += 1;
+        self.crowded_out.retain(|_, until| *until > self.intervals);
         let mut user: HashMap<(u64, u64), (Arc<Binary>, Vec<u64>)> = HashMap::new();
         let mut kernel = Vec::new();
         for site in interval.samples.iter().flat_map(|s| &s.stack) {
@@ -172,7 +188,12 @@ impl Symbolizer {
             metrics::add("ember_frames_awaiting_debuginfo_total", &[], offsets.len() as f64);
             self.provisional.extend(offsets.iter().map(|offset| (binary.id, *offset)));
         }
-        let names = if source.parse_bytes > self.budget { self.from_symbol_table(binary, &source, offsets) } else { self.from_dwarf(binary, &source, offsets) };
+        let crowded_out = self.crowded_out.get(&binary.id).is_some_and(|until| self.intervals < *until);
+        let names = if source.parse_bytes > self.budget || crowded_out || !self.make_room(binary.id, source.parse_bytes) {
+            self.from_symbol_table(binary, &source, offsets)
+        } else {
+            self.from_dwarf(binary, &source, offsets)
+        };
         for (offset, frames) in offsets.iter().zip(names) {
             let frames = frames.unwrap_or_else(|| Arc::from([Frame { function: format!("{}+{offset:#x}", binary.name()), file: String::new(), line: 0 }]));
             self.user.insert((binary.id, *offset), frames);
@@ -197,7 +218,7 @@ impl Symbolizer {
                     .collect();
                 (path.clone(), places, addresses, true)
             }
-            None => (binary.open_path(), (0..offsets.len()).map(Some).collect(), offsets.to_vec(), false),
+            None => (self.held_path(binary), (0..offsets.len()).map(Some).collect(), offsets.to_vec(), false),
         };
         if self.poisoned.contains(&binary.id) {
             return vec![None; offsets.len()];
@@ -214,22 +235,52 @@ impl Symbolizer {
         let results = results.ok();
         let names = places.iter().map(|place| results.as_ref().zip(*place).and_then(|(r, i)| r.get(i)).and_then(to_frames)).collect();
         drop(results);
-        self.hold(path, source.parse_bytes);
+        if !self.held.iter().any(|h| h.binary == binary.id) {
+            let _file = (source.debug_file.is_none()).then(|| self.own_files.remove(&binary.id)).flatten();
+            tracing::debug!(binary = binary.name(), bytes = source.parse_bytes, "symbols parsed and held");
+            self.held.push(Held { binary: binary.id, path, _file, bytes: source.parse_bytes, last_used: self.intervals });
+        }
+        metrics::set("ember_debug_info_held_bytes", &[], self.held.iter().map(|h| h.bytes).sum::<u64>() as f64);
         names
     }
 
-    /// Keeps `path` parsed, releasing the least recently used files past the budget.
-    fn hold(&mut self, path: PathBuf, bytes: u64) {
-        match self.held.iter_mut().find(|h| h.path == path) {
-            Some(held) => held.last_used = self.intervals,
-            None => self.held.push(Held { path, bytes, last_used: self.intervals }),
+    /// A path to the binary that stays the same for as long as it is held.
+    fn held_path(&mut self, binary: &Binary) -> PathBuf {
+        if let Some(held) = self.held.iter().find(|h| h.binary == binary.id) {
+            return held.path.clone();
         }
-        while self.held.iter().map(|h| h.bytes).sum::<u64>() > self.budget {
-            let oldest = self.held.iter().enumerate().min_by_key(|(_, h)| h.last_used).map(|(i, _)| i).expect("over budget means held");
+        match std::fs::File::open(binary.open_path()) {
+            Ok(file) => {
+                let path = PathBuf::from(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file)));
+                self.own_files.insert(binary.id, file);
+                path
+            }
+            Err(_) => binary.open_path(),
+        }
+    }
+
+    /// Whether `binary`'s symbols (`bytes`) can be held: it is held already, or fits once
+    /// binaries not used this interval are released (the least recently used first). A binary
+    /// that does not fit is crowded out for a while, and named from its symbol table.
+    fn make_room(&mut self, binary: (u64, u64), bytes: u64) -> bool {
+        if let Some(held) = self.held.iter_mut().find(|h| h.binary == binary) {
+            held.last_used = self.intervals;
+            return true;
+        }
+        loop {
+            if self.held.iter().map(|h| h.bytes).sum::<u64>() + bytes <= self.budget {
+                return true;
+            }
+            let idle = self.held.iter().enumerate().filter(|(_, h)| h.last_used < self.intervals).min_by_key(|(_, h)| h.last_used).map(|(i, _)| i);
+            let Some(oldest) = idle else {
+                self.crowded_out.insert(binary, self.intervals + RETRY_OVER_BUDGET);
+                metrics::add("ember_debug_info_crowded_out_total", &[], 1.0);
+                return false;
+            };
             let released = self.held.swap_remove(oldest);
+            tracing::debug!(path = %released.path.display(), bytes = released.bytes, "symbols released for another binary");
             let _ = self.blaze.evict(&Evict::Elf(evict::Elf::new(&released.path)));
         }
-        metrics::set("ember_debug_info_held_bytes", &[], self.held.iter().map(|h| h.bytes).sum::<u64>() as f64);
     }
 
     /// Function names only, from the binary's (or its debug file's) symbol table, indexed once.
