@@ -91,7 +91,8 @@ fn node_functions_are_named_from_the_perf_map_in_the_process_own_namespaces() {
         .arg("mount --bind \"$0\" /mnt && mount -t tmpfs tmpfs /tmp && exec \"$@\"")
         .arg(JIT_FIXTURES)
         // Without inlining, each function keeps its own frame (V8 would fold hot_a into dispatch).
-        .args(["node", "--perf-basic-prof", "--interpreted-frames-native-stack", "--no-turbo-inlining", "/mnt/split.js"]);
+        // --perf-basic-prof also writes a V8 log into the working directory: not wanted.
+        .args(["node", "--perf-basic-prof", "--interpreted-frames-native-stack", "--no-turbo-inlining", "--logfile=/dev/null", "/mnt/split.js"]);
     let fixture = Fixture::spawn_with(command, "split", SECONDS, &[]);
     let node = child_running(fixture.pid(), "node");
     let (samples, run) = record(&dir, fixture, node);

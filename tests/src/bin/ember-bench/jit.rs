@@ -33,7 +33,8 @@ struct Runtime {
 fn runtimes() -> Vec<Runtime> {
     let fixtures = Path::new(JIT_FIXTURES);
     let mut node = Command::new("node");
-    node.args(["--perf-basic-prof", "--interpreted-frames-native-stack", "--no-turbo-inlining"]).arg(fixtures.join("split.js"));
+    // --perf-basic-prof also writes a V8 log into the working directory: not wanted.
+    node.args(["--perf-basic-prof", "--interpreted-frames-native-stack", "--no-turbo-inlining", "--logfile=/dev/null"]).arg(fixtures.join("split.js"));
     let mut python = Command::new(python_3_12());
     python.args(["-X", "perf"]).arg(fixtures.join("split.py"));
     vec![Runtime { name: "node", command: node, entry: "node::Start" }, Runtime { name: "python", command: python, entry: "<module>" }]
