@@ -135,7 +135,7 @@ pub struct SymbolArgs {
     /// [default: 60s].
     #[arg(long)]
     pub debuginfod_timeout: Option<String>,
-    /// Symbol tables and DWARF held parsed at once, in MiB of their sections [default: 16]. A
+    /// Symbol tables and DWARF held parsed at once, in MiB of their sections [default: 8]. A
     /// binary with more is named from its symbol table only, without lines or inlined
     /// functions, and counted.
     #[arg(long)]

@@ -64,6 +64,7 @@ fn init_logging(format: &str) {
 
 /// The command line: parses it, runs the command, and prints a failure as one line.
 pub fn main() -> ExitCode {
+    bound_the_heap();
     let cli = Cli::parse();
     init_logging(&cli.log_format);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -85,6 +86,21 @@ pub fn main() -> ExitCode {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// glibc's defaults suit throughput, not a daemon with a memory ceiling: every thread that
+/// allocates gets an arena of its own, each keeping its busiest moment's pages; and once a large
+/// buffer is freed, the mmap threshold rises to its size, so that later large buffers come from
+/// the arenas and stay there. One arena and a fixed 128 KiB threshold instead: a large transient
+/// (an unwind table being built, a debug section inflated) goes back to the kernel when freed.
+/// Called before any thread starts.
+fn bound_the_heap() {
+    // SAFETY: mallopt only sets allocator parameters; no allocation is in flight.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 10);
     }
 }
 

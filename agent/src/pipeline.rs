@@ -14,7 +14,7 @@ use crate::{
         pprof::{self, ProfileInfo},
         ProfileKind,
     },
-    ops::metrics,
+    ops::{memory, metrics},
     resolve::ResolvedInterval,
     ship::{
         files::{write_atomic, FileOutputs},
@@ -65,10 +65,9 @@ impl Pipeline {
                     // Each kind's pipeline has its own symbolizer: all add to the same counters.
                     metrics::add("ember_symbol_cache_hits_total", &[], std::mem::take(&mut symbolizer.hits) as f64);
                     metrics::add("ember_symbol_cache_misses_total", &[], std::mem::take(&mut symbolizer.misses) as f64);
-                    // Give back what symbolizing and encoding freed: glibc keeps freed pages
-                    // otherwise, and the agent's RSS would stay at its busiest interval's.
-                    // SAFETY: no preconditions; it only returns free heap pages to the kernel.
-                    unsafe { libc::malloc_trim(0) };
+                    // Give back what symbolizing and encoding touched: the agent's RSS would
+                    // stay at its busiest interval's otherwise.
+                    memory::give_back();
                     match job.done {
                         Some(done) => {
                             let _ = done.send(result);

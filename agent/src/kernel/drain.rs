@@ -8,9 +8,9 @@ use std::{
 
 use agent_common::{counter, unwind_stop, SampleKey, SampleValue, UserStack};
 use anyhow::{Context as _, Result};
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuValues, StackTraceMap};
+use aya::maps::{HashMap as BpfHashMap, IterableMap as _, MapData, PerCpuValues, StackTraceMap};
 
-use super::load::Sampler;
+use super::{batch, load::Sampler};
 
 /// A stack read from a stack map, leaf first.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,17 +51,11 @@ impl Sampler {
 
         let mut interval = RawInterval { start: Some(start), end: Some(end), ..Default::default() };
         let set = &mut self.sets[idle as usize];
-        let keys: Vec<SampleKey> = set.counts.keys().collect::<Result<_, _>>().context("reading sample keys")?;
-        for key in keys {
-            if let Ok(values) = set.counts.get(&key, 0) {
-                let value = values.iter().fold(SampleValue::default(), |sum, v| SampleValue {
-                    count: sum.count + v.count,
-                    total: sum.total + v.total,
-                });
-                interval.counts.push((key, value));
-            }
-            set.counts.remove(&key).context("clearing sample counts")?;
-        }
+        batch::read(set.counts.map(), self.nr_cpus, true, |key: SampleKey, values: &[SampleValue]| {
+            let value = values.iter().fold(SampleValue::default(), |sum, v| SampleValue { count: sum.count + v.count, total: sum.total + v.total });
+            interval.counts.push((key, value));
+        })
+        .context("reading and clearing sample counts")?;
         // Stacks of threads still blocked off-CPU stay: their block is counted when they wake,
         // in a later interval, by these ids.
         let retained = self.referenced_stack_ids(idle as u8, idle_generation);
@@ -112,50 +106,44 @@ impl Sampler {
 /// A stack map the drain reads: the kernel's (`bpf_get_stackid`) or Ember's user stacks.
 trait StackMap {
     const USER: bool;
-    fn ids(&self) -> Result<Vec<u32>>;
-    fn read(&self, id: u32) -> Option<Stack>;
-    fn remove(&mut self, id: u32) -> Result<()>;
+    fn read_all(&self) -> Result<Vec<(u32, Stack)>>;
+    fn remove(&mut self, ids: &[u32]) -> Result<()>;
 }
 
+/// The kernel's stack maps have no batch operations: one id at a time.
 impl StackMap for StackTraceMap<MapData> {
     const USER: bool = false;
-    fn ids(&self) -> Result<Vec<u32>> {
-        self.stack_ids().collect::<Result<_, _>>().context("reading kernel stack ids")
+    fn read_all(&self) -> Result<Vec<(u32, Stack)>> {
+        let ids: Vec<u32> = self.stack_ids().collect::<Result<_, _>>().context("reading kernel stack ids")?;
+        let read = |id| Some((id, self.get(&id, 0).ok()?));
+        Ok(ids.into_iter().filter_map(read).map(|(id, stack)| (id, Stack { frames: stack.frames().iter().map(|f| f.ip).collect(), stop: unwind_stop::END })).collect())
     }
-    fn read(&self, id: u32) -> Option<Stack> {
-        let stack = self.get(&id, 0).ok()?;
-        Some(Stack { frames: stack.frames().iter().map(|f| f.ip).collect(), stop: unwind_stop::END })
-    }
-    fn remove(&mut self, id: u32) -> Result<()> {
-        StackTraceMap::remove(self, &id).context("clearing kernel stacks")
+    fn remove(&mut self, ids: &[u32]) -> Result<()> {
+        ids.iter().try_for_each(|id| StackTraceMap::remove(self, id)).context("clearing kernel stacks")
     }
 }
 
 impl StackMap for BpfHashMap<MapData, u32, UserStack> {
     const USER: bool = true;
-    fn ids(&self) -> Result<Vec<u32>> {
-        self.keys().collect::<Result<_, _>>().context("reading user stack ids")
+    fn read_all(&self) -> Result<Vec<(u32, Stack)>> {
+        let mut stacks = Vec::new();
+        batch::read(self.map(), 1, false, |id: u32, stack: &[UserStack]| {
+            if let Some(frames) = stack[0].frames.get(..stack[0].len as usize) {
+                stacks.push((id, Stack { frames: frames.to_vec(), stop: stack[0].stop }));
+            }
+        })
+        .context("reading user stacks")?;
+        Ok(stacks)
     }
-    fn read(&self, id: u32) -> Option<Stack> {
-        let stack = self.get(&id, 0).ok()?;
-        let frames = stack.frames.get(..stack.len as usize)?.to_vec();
-        Some(Stack { frames, stop: stack.stop })
-    }
-    fn remove(&mut self, id: u32) -> Result<()> {
-        BpfHashMap::remove(self, &id).context("clearing user stacks")
+    fn remove(&mut self, ids: &[u32]) -> Result<()> {
+        batch::delete(self.map(), ids).context("clearing user stacks")
     }
 }
 
 /// Reads every stack of `map`, by (user, id), and removes those not `retained`.
 fn drain_stacks<M: StackMap>(map: &mut M, retained: &HashSet<(bool, u32)>) -> Result<HashMap<(bool, u32), Stack>> {
-    let mut stacks = HashMap::new();
-    for id in map.ids()? {
-        if let Some(stack) = map.read(id) {
-            stacks.insert((M::USER, id), stack);
-        }
-        if !retained.contains(&(M::USER, id)) {
-            map.remove(id)?;
-        }
-    }
-    Ok(stacks)
+    let stacks = map.read_all()?;
+    let unreferenced: Vec<u32> = stacks.iter().map(|(id, _)| *id).filter(|id| !retained.contains(&(M::USER, *id))).collect();
+    map.remove(&unreferenced)?;
+    Ok(stacks.into_iter().map(|(id, stack)| ((M::USER, id), stack)).collect())
 }

@@ -3,6 +3,7 @@
 //! once per interval. Its only caller is the resolve stage (and `settings`, for validation).
 mod announce;
 mod barrier;
+mod batch;
 mod btf;
 mod drain;
 mod events;

@@ -45,7 +45,7 @@ const DEFAULT_SPOOL_MIB: f64 = 256.0;
 const DEFAULT_KEEP: usize = 360;
 const DEFAULT_DEBUG_DIR: &str = "/usr/lib/debug";
 const DEFAULT_DEBUGINFOD_TIMEOUT: &str = "60s";
-const DEFAULT_DEBUG_INFO_MIB: f64 = 16.0;
+const DEFAULT_DEBUG_INFO_MIB: f64 = 8.0;
 
 /// `ember-agent run`, resolved.
 pub struct RunSettings {

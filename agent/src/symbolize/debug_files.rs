@@ -31,7 +31,7 @@ pub struct SymbolSettings {
 
 impl Default for SymbolSettings {
     fn default() -> Self {
-        SymbolSettings { debug_dirs: vec![PathBuf::from("/usr/lib/debug")], debuginfod: None, debug_info_budget: 16 << 20 }
+        SymbolSettings { debug_dirs: vec![PathBuf::from("/usr/lib/debug")], debuginfod: None, debug_info_budget: 8 << 20 }
     }
 }
 

@@ -21,7 +21,8 @@ const RETURN_ADDRESS: Register = Register(16);
 pub enum Rule {
     /// CFA = rsp + `cfa_offset` (or rbp + `cfa_offset` when `cfa_is_rbp`); the return address
     /// is at CFA - 8; rbp is unchanged (`rbp_offset` 0) or saved at CFA + `rbp_offset`.
-    Frame { cfa_is_rbp: bool, cfa_offset: i32, rbp_offset: i32 },
+    /// (8 bytes in all, so that a row is 16: a large binary builds half a million of them.)
+    Frame { cfa_is_rbp: bool, cfa_offset: i32, rbp_offset: i16 },
     /// The return address is undefined: the outermost frame (`_start`, a thread's start).
     Outermost,
     /// A PLT stub with the linkers' usual rule: CFA = rsp + 8, plus 8 more from the
@@ -46,7 +47,7 @@ pub enum Unsupported {
     ReturnAddress,
     /// rbp is restored by a rule other than "unchanged" or "saved at CFA + offset".
     Rbp,
-    /// An offset beyond 32 bits (no stack frame is that large).
+    /// A CFA offset beyond 32 bits or an rbp slot beyond 16 (no stack frame is that large).
     LargeOffset,
 }
 
@@ -56,6 +57,7 @@ pub struct Row {
     pub address: u64,
     pub rule: Rule,
 }
+const _: () = assert!(size_of::<Row>() == 16);
 
 /// An executable's rows, sorted by address, with no two neighbours alike.
 #[derive(Debug, Default)]
@@ -105,7 +107,7 @@ impl UnwindTable {
             .collect();
         let text = file.section_by_name(".text").map_or(0, |s| s.address());
         let functions = functions(&file);
-        let mut builder = Builder { rows: Vec::new(), plt };
+        let mut builder = Builder { rows: Vec::new(), in_order: true, plt };
         if let Some((address, bytes)) = section(".eh_frame") {
             let eh_frame = EhFrame::new(bytes, LittleEndian);
             let bases = BaseAddresses::default().set_eh_frame(address).set_text(text);
@@ -127,8 +129,10 @@ impl UnwindTable {
 }
 
 struct Builder {
-    /// Rows of every FDE, each FDE's range closed by a `NoInfo` row at its end.
+    /// Rows of every FDE, each FDE's range closed by a `NoInfo` row at its end; merged as
+    /// they come (see `push`) while they come in order.
     rows: Vec<Row>,
+    in_order: bool,
     /// Address ranges of the PLT sections.
     plt: Vec<Range<u64>>,
 }
@@ -157,11 +161,33 @@ impl Builder {
                     }
                     (false, _) => rule_of(row),
                 };
-                self.rows.push(Row { address: row.start_address(), rule });
+                self.push(Row { address: row.start_address(), rule });
             }
-            self.rows.push(Row { address: range.end, rule: Rule::NoInfo });
+            self.push(Row { address: range.end, rule: Rule::NoInfo });
         }
         Ok(())
+    }
+
+    /// Adds a row, merging it as `merged` would while the rows come sorted, as linkers
+    /// usually emit FDEs: what is built then is the table itself, not several times it.
+    /// Once a row comes out of order, the rest is merged by `merged` at the end.
+    fn push(&mut self, row: Row) {
+        let rows = &mut self.rows;
+        self.in_order &= rows.last().is_none_or(|last| last.address <= row.address);
+        if !self.in_order {
+            rows.push(row);
+            return;
+        }
+        if rows.last().is_some_and(|last| last.address == row.address) {
+            // One range's end and the next one's start: the start wins.
+            if row.rule == Rule::NoInfo {
+                return;
+            }
+            rows.pop();
+        }
+        if rows.last().is_none_or(|last| last.rule != row.rule) {
+            rows.push(row);
+        }
     }
 
     /// The rows in order (see `merged`), where `functions` that no FDE covers at all get the
@@ -232,12 +258,9 @@ fn merged(mut rows: Vec<Row>) -> Vec<Row> {
 /// symbols).
 fn functions(file: &object::File) -> Vec<Range<u64>> {
     use object::{Object as _, ObjectSymbol as _};
-    let symbols: Vec<_> = if file.symbols().next().is_some() { file.symbols().collect() } else { file.dynamic_symbols().collect() };
-    let mut ranges: Vec<Range<u64>> = symbols
-        .iter()
-        .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
-        .map(|s| s.address()..s.address().saturating_add(s.size()))
-        .collect();
+    let range = |s: object::Symbol| (s.kind() == object::SymbolKind::Text && s.size() > 0).then(|| s.address()..s.address().saturating_add(s.size()));
+    let mut ranges: Vec<Range<u64>> =
+        if file.symbols().next().is_some() { file.symbols().filter_map(range).collect() } else { file.dynamic_symbols().filter_map(range).collect() };
     ranges.sort_by_key(|r| r.start);
     ranges.dedup();
     ranges
@@ -271,7 +294,7 @@ fn rule_of(row: &gimli::UnwindTableRow<usize>) -> Rule {
         Some(RegisterRule::Offset(offset)) => offset,
         Some(_) => return Rule::Unsupported(Unsupported::Rbp),
     };
-    match (i32::try_from(cfa_offset), i32::try_from(rbp_offset)) {
+    match (i32::try_from(cfa_offset), i16::try_from(rbp_offset)) {
         (Ok(cfa_offset), Ok(rbp_offset)) => Rule::Frame { cfa_is_rbp, cfa_offset, rbp_offset },
         _ => Rule::Unsupported(Unsupported::LargeOffset),
     }

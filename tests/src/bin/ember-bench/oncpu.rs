@@ -145,7 +145,9 @@ pub fn run(seconds: u64, frequencies: &[u64], no_frame_pointers: bool, debug_bin
     }
     println!("bench oncpu: {WORKERS} busy {} workers, {seconds}s measured per run after a {}s warm-up", workload.comm(), WARM_UP.as_secs());
     let workload = Setup { workload, beside };
+    let beside = workload.start_beside(window)?;
     let baseline = run_workload(&workload, window)?;
+    drop(beside);
     println!("  no profiler: {baseline:.1} rounds/s");
     let mut rows = Vec::new();
     for &hz in frequencies {
@@ -189,17 +191,34 @@ struct Setup {
     beside: Option<PathBuf>,
 }
 
+/// The binary beside the workers, running until dropped.
+struct Beside(Option<Child>);
+
+impl Setup {
+    /// Starts the binary beside the workers for the whole of a measurement, warm-up included:
+    /// the steady figures are those of a host that runs it, not of one that starts it.
+    fn start_beside(&self, window: Duration) -> Result<Beside> {
+        let seconds = (window + WARM_UP + FIRST_PROFILE).as_secs_f64().to_string();
+        let child = self.beside.as_ref().map(|binary| Command::new(binary).arg(&seconds).stdout(Stdio::null()).spawn()).transpose()?;
+        Ok(Beside(child))
+    }
+}
+
+impl Drop for Beside {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// Runs the workload on every worker; returns completed rounds per second.
 fn run_workload(setup: &Setup, window: Duration) -> Result<f64> {
-    let seconds = window.as_secs_f64().to_string();
-    let beside = setup.beside.as_ref().map(|binary| Command::new(binary).arg(&seconds).stdout(Stdio::null()).spawn()).transpose()?;
     let workers: Vec<Child> = (0..WORKERS)
         .map(|_| setup.workload.command(window.as_secs_f64()).stdout(Stdio::piped()).spawn())
         .collect::<Result<_, _>>()
         .context("starting the workload")?;
-    if let Some(mut beside) = beside {
-        beside.wait()?;
-    }
     let mut rounds = 0u64;
     for worker in workers {
         let out = worker.wait_with_output()?;
@@ -233,6 +252,7 @@ fn measure(profiler: Profiler, setup: &Setup, hz: u64, window: Duration, baselin
             c
         }
     };
+    let beside = setup.start_beside(window)?;
     let profiler_process = Running::start(profiler.name(workload), command)?;
     let started = std::time::Instant::now();
     run_workload(setup, PRIMING)?;
@@ -247,6 +267,7 @@ fn measure(profiler: Profiler, setup: &Setup, hz: u64, window: Duration, baselin
     let elapsed = started.elapsed().as_secs_f64();
     let after = profiler_process.snapshot()?;
     profiler_process.stop()?;
+    drop(beside);
     let row = Row {
         profiler: profiler.name(workload),
         hz,

@@ -1,0 +1,90 @@
+//! Giving memory back between intervals. Symbolizing an interval touches heap and file pages
+//! that the next one may not need: the heap's free pages go back to the kernel, and the pages
+//! of the files mapped for reading (binaries and debug files that blazesym and the symbol
+//! indexes read) are unmapped from the agent. Those stay in the page cache, shared and
+//! reclaimable; reading them again costs a minor fault.
+use std::fs;
+
+/// Called by the pipeline thread after each interval.
+pub fn give_back() {
+    // SAFETY: no preconditions; it only returns free heap pages to the kernel.
+    unsafe { libc::malloc_trim(0) };
+    release_file_pages();
+}
+
+fn release_file_pages() {
+    let Ok(maps) = fs::read_to_string("/proc/self/maps") else { return };
+    for (start, end) in maps.lines().filter_map(read_only_file_mapping) {
+        // SAFETY: the range is a whole mapping of a file, shared and read-only: dropping its
+        // pages loses nothing, and a later read faults them in again from the page cache.
+        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+    }
+}
+
+/// (start, end) of a `/proc/self/maps` line that maps a regular file shared and read-only: how
+/// blazesym and the symbol indexes map what they read. Code and the agent's own data are
+/// private mappings; BPF maps and perf buffers map anonymous inodes, whose pages must stay.
+fn read_only_file_mapping(line: &str) -> Option<(usize, usize)> {
+    let mut fields = line.split_whitespace();
+    let (range, perms) = (fields.next()?, fields.next()?);
+    let path = fields.nth(3)?;
+    if perms != "r--s" || !path.starts_with('/') || path.starts_with("/memfd:") || line.ends_with("(deleted)") {
+        return None;
+    }
+    let (start, end) = range.split_once('-')?;
+    Some((usize::from_str_radix(start, 16).ok()?, usize::from_str_radix(end, 16).ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_shared_read_only_mappings_of_regular_files_are_released() {
+        let lines = [
+            ("7ff4a9400000-7ff4a97fa000 r--s 00000000 fe:00 257061  /usr/lib/debug/.build-id/93/ac61.debug", Some((0x7ff4a9400000, 0x7ff4a97fa000))),
+            ("561cc5775000-561cc63be000 r-xp 004f9000 fe:00 5319435  /work/target/release/ember-agent", None),
+            ("561cc527b000-561cc5775000 r--p 00000000 fe:00 5319435  /work/target/release/ember-agent", None),
+            ("7ff4a9b23000-7ff4a9b44000 r--s 00001000 00:10 1038  anon_inode:bpf-map", None),
+            ("7ff4a9923000-7ff4a9b23000 rw-p 00000000 00:00 0", None),
+            ("7ff4a9b23000-7ff4a9b44000 r--s 00000000 00:01 77  /memfd:spool (deleted)", None),
+        ];
+        for (line, expected) in lines {
+            assert_eq!(read_only_file_mapping(line), expected, "{line}");
+        }
+    }
+
+    #[test]
+    fn released_pages_of_a_mapped_file_read_back_the_same() {
+        let path = std::env::temp_dir().join(format!("ember-memory-test-{}", std::process::id()));
+        let content: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+        fs::write(&path, &content).unwrap();
+        let file = fs::File::open(&path).unwrap();
+        // SAFETY: the file is ours and not written while mapped.
+        let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+        let resident = || rss_of(&path);
+        assert_eq!(&map[..], &content[..]);
+        assert!(resident() >= 1 << 20, "the mapping is resident after a read: {} bytes", resident());
+        release_file_pages();
+        assert!(resident() < 1 << 20, "the mapping's pages are released: {} bytes resident", resident());
+        assert_eq!(&map[..], &content[..]);
+        drop(map);
+        fs::remove_file(&path).unwrap();
+    }
+
+    /// Resident bytes of this process's mappings of `path`, from /proc/self/smaps.
+    fn rss_of(path: &std::path::Path) -> usize {
+        let smaps = fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut in_file = false;
+        let mut total = 0;
+        for line in smaps.lines() {
+            let header = line.split_whitespace().next().is_some_and(|t| t.contains('-') && t.chars().all(|c| c.is_ascii_hexdigit() || c == '-'));
+            if header {
+                in_file = line.ends_with(path.to_str().unwrap());
+            } else if in_file && line.starts_with("Rss:") {
+                total += line.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() * 1024;
+            }
+        }
+        total
+    }
+}
