@@ -15,6 +15,7 @@ use prost::Message;
 pub mod bigdebug;
 pub mod kube_api;
 pub mod nofp;
+pub mod soak;
 pub mod transport;
 
 /// The tests load BPF programs: without root they must fail loudly, never skip.
@@ -389,6 +390,10 @@ impl Agent {
 
     pub fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Waits until the programs are attached (the agent logs "profiling every CPU").

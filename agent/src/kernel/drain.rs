@@ -106,17 +106,18 @@ impl Sampler {
 /// A stack map the drain reads: the kernel's (`bpf_get_stackid`) or Ember's user stacks.
 trait StackMap {
     const USER: bool;
-    fn read_all(&self) -> Result<Vec<(u32, Stack)>>;
+    /// Every id in the map, with its stack if it could be read.
+    fn read_all(&self) -> Result<Vec<(u32, Option<Stack>)>>;
     fn remove(&mut self, ids: &[u32]) -> Result<()>;
 }
 
 /// The kernel's stack maps have no batch operations: one id at a time.
 impl StackMap for StackTraceMap<MapData> {
     const USER: bool = false;
-    fn read_all(&self) -> Result<Vec<(u32, Stack)>> {
+    fn read_all(&self) -> Result<Vec<(u32, Option<Stack>)>> {
         let ids: Vec<u32> = self.stack_ids().collect::<Result<_, _>>().context("reading kernel stack ids")?;
-        let read = |id| Some((id, self.get(&id, 0).ok()?));
-        Ok(ids.into_iter().filter_map(read).map(|(id, stack)| (id, Stack { frames: stack.frames().iter().map(|f| f.ip).collect(), stop: unwind_stop::END })).collect())
+        let read = |id| Some(Stack { frames: self.get(&id, 0).ok()?.frames().iter().map(|f| f.ip).collect(), stop: unwind_stop::END });
+        Ok(ids.into_iter().map(|id| (id, read(id))).collect())
     }
     fn remove(&mut self, ids: &[u32]) -> Result<()> {
         ids.iter().try_for_each(|id| StackTraceMap::remove(self, id)).context("clearing kernel stacks")
@@ -125,12 +126,11 @@ impl StackMap for StackTraceMap<MapData> {
 
 impl StackMap for BpfHashMap<MapData, u32, UserStack> {
     const USER: bool = true;
-    fn read_all(&self) -> Result<Vec<(u32, Stack)>> {
+    fn read_all(&self) -> Result<Vec<(u32, Option<Stack>)>> {
         let mut stacks = Vec::new();
         batch::read(self.map(), 1, false, |id: u32, stack: &[UserStack]| {
-            if let Some(frames) = stack[0].frames.get(..stack[0].len as usize) {
-                stacks.push((id, Stack { frames: frames.to_vec(), stop: stack[0].stop }));
-            }
+            let frames = stack[0].frames.get(..stack[0].len as usize);
+            stacks.push((id, frames.map(|frames| Stack { frames: frames.to_vec(), stop: stack[0].stop })));
         })
         .context("reading user stacks")?;
         Ok(stacks)
@@ -145,5 +145,5 @@ fn drain_stacks<M: StackMap>(map: &mut M, retained: &HashSet<(bool, u32)>) -> Re
     let stacks = map.read_all()?;
     let unreferenced: Vec<u32> = stacks.iter().map(|(id, _)| *id).filter(|id| !retained.contains(&(M::USER, *id))).collect();
     map.remove(&unreferenced)?;
-    Ok(stacks.into_iter().map(|(id, stack)| ((M::USER, id), stack)).collect())
+    Ok(stacks.into_iter().filter_map(|(id, stack)| Some(((M::USER, id), stack?))).collect())
 }

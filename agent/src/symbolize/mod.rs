@@ -5,6 +5,7 @@
 //! from a compact index of its symbol table (`symtab`) instead. Results are cached per (binary,
 //! offset) and per kernel address. blazesym's Symbolizer is !Send, so this lives on the
 //! pipeline thread.
+mod cache;
 mod debug_files;
 mod debuginfod;
 mod jit;
@@ -27,6 +28,7 @@ pub use debug_files::SymbolSettings;
 pub use debuginfod::DebuginfodSettings;
 pub use jit::jit_frame;
 
+use cache::FrameCache;
 use debug_files::{DebugFiles, Source as DebugSource};
 use symtab::SymbolIndex;
 
@@ -46,8 +48,9 @@ pub struct Frame {
 /// Innermost inlined function first; the last frame is the function that owns the code.
 pub type Frames = Arc<[Frame]>;
 
-/// Caches are dropped whole past this many entries, to bound memory on long runs.
-const CACHE_LIMIT: usize = 500_000;
+/// Named addresses a cache generation takes (each cache holds two): more than the busiest
+/// interval names, a few megabytes of names at most.
+const CACHE_GENERATION: usize = 32_768;
 /// Symbol table indexes are dropped whole past this many bytes.
 const INDEX_LIMIT: usize = 32 << 20;
 
@@ -69,11 +72,11 @@ const RETRY_OVER_BUDGET: u64 = 30;
 
 pub struct Symbolizer {
     blaze: blazesym::symbolize::Symbolizer,
-    user: HashMap<((u64, u64), u64), Frames>,
+    user: FrameCache<((u64, u64), u64)>,
     /// Binaries whose symbolization panicked: never parsed again (their frames keep
     /// module+offset).
     poisoned: HashSet<(u64, u64)>,
-    kernel: HashMap<u64, Frames>,
+    kernel: FrameCache<u64>,
     debug_files: DebugFiles,
     /// Names given while the binary's debug info was on its way: dropped at the next
     /// interval, so that its addresses are named again once it is here.
@@ -100,9 +103,9 @@ impl Symbolizer {
         let debug_files = DebugFiles::new(settings);
         Symbolizer {
             blaze: blaze(),
-            user: HashMap::new(),
+            user: FrameCache::new(CACHE_GENERATION),
             poisoned: HashSet::new(),
-            kernel: HashMap::new(),
+            kernel: FrameCache::new(CACHE_GENERATION),
             debug_files,
             provisional: Vec::new(),
             held: Vec::new(),
@@ -119,10 +122,8 @@ impl Symbolizer {
     /// Symbolizes, in one batch per binary and one for the kernel, every address of the
     /// interval that is not cached yet.
     pub fn prepare(&mut self, interval: &ResolvedInterval) {
-        if self.user.len() + self.kernel.len() > CACHE_LIMIT {
-            self.user.clear();
-            self.kernel.clear();
-        }
+        self.user.age();
+        self.kernel.age();
         for key in self.provisional.drain(..) {
             self.user.remove(&key);
         }
@@ -133,14 +134,14 @@ impl Symbolizer {
         for site in interval.samples.iter().flat_map(|s| &s.stack) {
             match site {
                 Site::User(UserAddress::File { binary, file_offset }) => {
-                    if self.user.contains_key(&(binary.id, *file_offset)) {
+                    if self.user.touch((binary.id, *file_offset)) {
                         self.hits += 1;
                     } else {
                         user.entry(binary.id).or_insert_with(|| (binary.clone(), Vec::new())).1.push(*file_offset);
                     }
                 }
                 Site::Kernel(addr) => {
-                    if self.kernel.contains_key(addr) {
+                    if self.kernel.touch(*addr) {
                         self.hits += 1;
                     } else {
                         kernel.push(*addr);

@@ -1,4 +1,4 @@
-//! `ember-bench oncpu | offcpu | net | transport | unwind | jit`, run by `cargo xtask bench` after
+//! `ember-bench oncpu | offcpu | net | transport | unwind | jit | soak`, run by `cargo xtask bench` after
 //! the release build: Ember and its peers on the same workload, in one command, measured the same way from
 //! /proc: CPU over a steady-state window, peak RSS, and (with kernel.bpf_stats_enabled) the run
 //! time of each profiler's BPF programs and the memory of its maps.
@@ -6,6 +6,7 @@ mod jit;
 mod net;
 mod offcpu;
 mod oncpu;
+mod soak;
 mod transport;
 mod unwind;
 
@@ -22,9 +23,9 @@ use anyhow::{bail, Context as _, Result};
 #[command(name = "cargo xtask bench")]
 struct BenchArgs {
     /// Which benchmark.
-    #[arg(value_parser = ["oncpu", "offcpu", "net", "transport", "unwind", "jit"])]
+    #[arg(value_parser = ["oncpu", "offcpu", "net", "transport", "unwind", "jit", "soak"])]
     which: String,
-    /// Length of the measured window per run.
+    /// Length of the measured window per run (soak: 600 for the ten minutes its goal is about).
     #[arg(long, default_value_t = 20)]
     seconds: u64,
     /// Sampling frequencies to compare (oncpu, Hz).
@@ -56,6 +57,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         "transport" => transport::run(),
         "unwind" => unwind::run(),
         "jit" => jit::run(args.seconds),
+        "soak" => soak::run(args.seconds),
         other => bail!("unknown benchmark {other}"),
     }
 }
@@ -90,6 +92,10 @@ impl Profiler {
     pub fn start(name: &'static str, mut command: Command) -> Result<Profiler> {
         let child = command.stderr(Stdio::null()).spawn().with_context(|| format!("starting {name}"))?;
         Ok(Profiler { name, child })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn snapshot(&self) -> Result<Snapshot> {

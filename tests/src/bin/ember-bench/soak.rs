@@ -1,0 +1,64 @@
+//! `cargo xtask bench soak --seconds 600`: the agent's footprint over a long run at 999 Hz
+//! with process churn (200 processes a second, each busy for 20 to 200 ms) beside two busy
+//! workers: RSS, open files, mappings, BPF map memory, threads and CPU, every 30 s after a
+//! minute's warm-up. The goal is flat: no growth after the warm-up.
+use std::{
+    fs,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use ember_tests::soak::{self, Footprint, Growth};
+
+use crate::{release_bin, Profiler};
+
+const WARM_UP: Duration = Duration::from_secs(60);
+const EVERY: Duration = Duration::from_secs(30);
+const INTERVAL: &str = "10s";
+
+pub fn run(seconds: u64) -> Result<()> {
+    let window = Duration::from_secs(seconds);
+    let dir = std::env::temp_dir().join(format!("ember-bench-soak-{}", std::process::id()));
+    fs::create_dir_all(&dir)?;
+    let (churn, child) = soak::build_churn(&dir);
+    println!("bench soak: ember-agent at 999 Hz, {seconds}s measured after a {}s warm-up, churn of 200 processes/s and 2 busy workers", WARM_UP.as_secs());
+    let mut command = Command::new(release_bin("ember-agent"));
+    command.args(["run", "-F", "999", "--interval", INTERVAL, "--output-dir"]).arg(dir.join("profiles"));
+    let agent = Profiler::start("ember-agent", command)?;
+    let total = (WARM_UP + window + EVERY).as_secs().to_string();
+    let mut load: Vec<Child> = vec![Command::new(&churn).arg(&child).args([&total, "200"]).stdout(Stdio::null()).spawn().context("starting the churn")?];
+    for _ in 0..2 {
+        load.push(Command::new(release_bin("fixture")).args(["split", &total]).stdout(Stdio::null()).spawn()?);
+    }
+    std::thread::sleep(WARM_UP);
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    loop {
+        samples.push(Footprint::of(agent.pid(), started.elapsed()).context("ember-agent exited during the soak")?);
+        if started.elapsed() >= window {
+            break;
+        }
+        std::thread::sleep(EVERY);
+    }
+    let peak = agent.snapshot()?.peak_rss_mib;
+    agent.stop()?;
+    for mut process in load {
+        let _ = process.kill();
+        let _ = process.wait();
+    }
+    let _ = fs::remove_dir_all(&dir);
+
+    let growth = Growth::of(&samples);
+    println!();
+    println!("Command: cargo xtask bench soak --seconds {seconds}");
+    print!("{}", soak::table(&samples));
+    let cpu = (samples.last().unwrap().cpu_ns - samples[0].cpu_ns) as f64 / window.as_nanos() as f64 * 100.0;
+    println!("CPU over the window: {cpu:.2}% of one core; peak RSS over the whole run, start-up included: {peak:.1} MiB");
+    println!("first third -> last third: {growth:?}");
+    match growth.problems() {
+        problems if problems.is_empty() => println!("flat: nothing grew beyond noise after the warm-up"),
+        problems => println!("GREW: {}", problems.join("; ")),
+    }
+    Ok(())
+}

@@ -1,0 +1,52 @@
+//! The agent's footprint stays flat at 999 Hz with process churn: the short version of
+//! `cargo xtask bench soak` (ten minutes there, a minute here, judged the same way).
+use std::{
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use ember_tests::{
+    require_root,
+    soak::{self, Footprint, Growth},
+    Agent, TempDir,
+};
+
+const INTERVAL: Duration = Duration::from_secs(5);
+/// Long enough for every binary of the churn and the host to have been seen and named once.
+const WARM_UP: Duration = Duration::from_secs(20);
+const MEASURED: Duration = Duration::from_secs(60);
+const EVERY: Duration = Duration::from_secs(2);
+
+#[test]
+fn footprint_stays_flat_at_999_hz_with_process_churn() {
+    require_root();
+    let dir = TempDir::new("soak");
+    let (churn, child) = soak::build_churn(&dir.0);
+    let profiles = dir.path("profiles");
+    let mut agent = Agent::spawn(&["run", "-F", "999", "--interval", "5s", "--output-dir", profiles.to_str().unwrap()]);
+    agent.wait_ready();
+    let seconds = (WARM_UP + MEASURED + INTERVAL).as_secs().to_string();
+    let mut launcher = Command::new(&churn).args([child.to_str().unwrap(), &seconds, "200"]).stdout(Stdio::null()).spawn().expect("starting the churn");
+    std::thread::sleep(WARM_UP);
+
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    while started.elapsed() < MEASURED {
+        let footprint = Footprint::of(agent.pid(), started.elapsed());
+        samples.push(footprint.unwrap_or_else(|| panic!("ember-agent exited during the soak:\n{}", agent.stderr())));
+        std::thread::sleep(EVERY);
+    }
+    println!("{}", soak::table(&samples));
+    let growth = Growth::of(&samples);
+    println!("{growth:?}");
+    assert!(growth.problems().is_empty(), "the agent's footprint grew under churn: {}", growth.problems().join("; "));
+
+    assert!(launcher.wait().unwrap().success());
+    agent.signal(libc::SIGINT);
+    let stderr = agent.wait_success(Duration::from_secs(30));
+    assert!(!stderr.contains("profile is dropped"), "an interval was dropped:\n{stderr}");
+    // It kept up: a profile for every interval of the run.
+    let written = std::fs::read_dir(&profiles).unwrap().count() as u64;
+    let expected = (WARM_UP + MEASURED).as_secs() / INTERVAL.as_secs();
+    assert!(written >= expected, "{written} profiles written in {expected} intervals");
+}
