@@ -1,8 +1,9 @@
 //! The names of addresses already symbolized, in two generations: an address looked up is
-//! kept (moved to the young one); when the young generation is full, at the start of an
-//! interval, the old one is dropped and the young one takes its place. Addresses in use stay
-//! named; those unseen for a generation go. A host that keeps running new code (process churn
-//! samples ever more kernel and libc instructions) then holds at most two generations.
+//! kept (moved to the young one); when the young generation is full or old enough, at the
+//! start of an interval, the old one is dropped and the young one takes its place. Addresses
+//! in use stay named; those unseen for a generation go. A host that keeps running new code
+//! (process churn samples ever more kernel and libc instructions) then holds what it ran in
+//! the last two generations, not all it ever ran.
 use std::{collections::HashMap, hash::Hash};
 
 use super::Frames;
@@ -10,19 +11,23 @@ use super::Frames;
 pub struct FrameCache<K> {
     young: HashMap<K, Frames>,
     old: HashMap<K, Frames>,
-    generation: usize,
+    /// Entries, and intervals, that the young generation takes before it ages.
+    generation: (usize, u32),
+    young_intervals: u32,
 }
 
 impl<K: Hash + Eq> FrameCache<K> {
-    /// `generation`: entries the young generation takes before it ages.
-    pub fn new(generation: usize) -> Self {
-        FrameCache { young: HashMap::new(), old: HashMap::new(), generation }
+    /// `generation`: entries, and intervals, that the young generation takes before it ages.
+    pub fn new(generation: (usize, u32)) -> Self {
+        FrameCache { young: HashMap::new(), old: HashMap::new(), generation, young_intervals: 0 }
     }
 
-    /// Called between intervals: ages the generations if the young one is full.
+    /// Called between intervals: ages the generations if the young one is full or old enough.
     pub fn age(&mut self) {
-        if self.young.len() >= self.generation {
+        self.young_intervals += 1;
+        if self.young.len() >= self.generation.0 || self.young_intervals >= self.generation.1 {
             self.old = std::mem::take(&mut self.young);
+            self.young_intervals = 0;
         }
     }
 
@@ -65,7 +70,7 @@ mod tests {
 
     #[test]
     fn addresses_in_use_stay_and_unused_ones_go_after_two_generations() {
-        let mut cache = FrameCache::new(2);
+        let mut cache = FrameCache::new((2, 100));
         cache.insert(1, frames("used"));
         cache.insert(2, frames("unused"));
         cache.age(); // full: 1 and 2 are old now
@@ -79,5 +84,17 @@ mod tests {
         assert!(cache.get(&1).is_some(), "the old generation stays until the young one is full");
         cache.remove(&1);
         assert!(cache.get(&1).is_none() && !cache.touch(1));
+    }
+
+    #[test]
+    fn a_generation_ages_after_its_intervals_however_few_its_entries() {
+        let mut cache = FrameCache::new((100, 2));
+        cache.insert(1, frames("unused"));
+        cache.age();
+        assert!(cache.get(&1).is_some());
+        cache.age(); // two intervals: 1 is old now
+        cache.age();
+        cache.age(); // and gone two intervals later, unseen
+        assert!(cache.get(&1).is_none());
     }
 }

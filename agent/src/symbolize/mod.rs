@@ -48,9 +48,10 @@ pub struct Frame {
 /// Innermost inlined function first; the last frame is the function that owns the code.
 pub type Frames = Arc<[Frame]>;
 
-/// Named addresses a cache generation takes (each cache holds two): more than the busiest
-/// interval names, a few megabytes of names at most.
-const CACHE_GENERATION: usize = 32_768;
+/// Named addresses, and intervals, a cache generation takes (each cache holds two): more
+/// addresses than the busiest interval names, a few megabytes at most; and a minute at the
+/// default interval, so that what a churning host ran once leaves within two.
+const CACHE_GENERATION: (usize, u32) = (32_768, 6);
 /// Symbol table indexes are dropped whole past this many bytes.
 const INDEX_LIMIT: usize = 32 << 20;
 
