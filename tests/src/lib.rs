@@ -17,6 +17,7 @@ pub mod kube_api;
 pub mod nofp;
 pub mod soak;
 pub mod transport;
+pub mod usage;
 
 /// The tests load BPF programs: without root they must fail loudly, never skip.
 pub fn require_root() {

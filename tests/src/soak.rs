@@ -7,7 +7,10 @@ use std::{
     time::Duration,
 };
 
-use crate::compile_c;
+use crate::{
+    compile_c,
+    usage::{bpf_usage, cpu_ns, status_kib},
+};
 
 /// What the agent holds at one moment.
 #[derive(Debug, Clone, Copy)]
@@ -30,29 +33,15 @@ impl Footprint {
     /// None once the process is gone.
     pub fn of(pid: u32, at: Duration) -> Option<Footprint> {
         let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        let kib = |field: &str| status.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0);
-        let fds: Vec<PathBuf> = fs::read_dir(format!("/proc/{pid}/fd")).ok()?.flatten().map(|e| e.path()).collect();
-        let bpf_map_bytes: u64 = fds
-            .iter()
-            .filter_map(|fd| fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", fd.file_name()?.to_str()?)).ok())
-            .filter(|info| info.contains("\nmap_type:"))
-            .filter_map(|info| info.lines().find_map(|l| l.strip_prefix("memlock:")).and_then(|v| v.trim().parse::<u64>().ok()))
-            .sum();
-        let tasks: Vec<PathBuf> = fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten().map(|e| e.path()).collect();
-        let cpu_ns = tasks
-            .iter()
-            .filter_map(|t| fs::read_to_string(t.join("schedstat")).ok())
-            .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-            .sum();
         Some(Footprint {
             at,
-            rss_kib: kib("VmRSS:"),
-            anon_kib: kib("RssAnon:"),
-            open_files: fds.len(),
+            rss_kib: status_kib(&status, "VmRSS:"),
+            anon_kib: status_kib(&status, "RssAnon:"),
+            open_files: fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count(),
             mappings: fs::read_to_string(format!("/proc/{pid}/maps")).ok()?.lines().count(),
-            bpf_map_kib: bpf_map_bytes / 1024,
-            threads: tasks.len(),
-            cpu_ns,
+            bpf_map_kib: bpf_usage(pid).map_bytes / 1024,
+            threads: fs::read_dir(format!("/proc/{pid}/task")).ok()?.count(),
+            cpu_ns: cpu_ns(pid),
         })
     }
 }

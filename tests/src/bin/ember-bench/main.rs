@@ -18,6 +18,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
+use ember_tests::usage::{bpf_usage, cpu_ns, status_kib, BpfUsage};
 
 #[derive(clap::Parser)]
 #[command(name = "cargo xtask bench")]
@@ -102,14 +103,7 @@ impl Profiler {
         let pid = self.child.id();
         let status = fs::read_to_string(format!("/proc/{pid}/status"))
             .with_context(|| format!("{} exited before it was measured", self.name))?;
-        let mib = |field: &str| -> f64 {
-            let kib: u64 = status
-                .lines()
-                .find_map(|l| l.strip_prefix(field))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-                .unwrap_or(0);
-            kib as f64 / 1024.0
-        };
+        let mib = |field: &str| status_kib(&status, field) as f64 / 1024.0;
         Ok(Snapshot {
             cpu_ns: cpu_ns(pid),
             peak_rss_mib: mib("VmHWM:"),
@@ -152,41 +146,6 @@ impl Snapshot {
     pub fn map_mib(&self) -> Option<f64> {
         (self.bpf.map_bytes > 0).then(|| self.bpf.map_bytes as f64 / (1 << 20) as f64)
     }
-}
-
-/// CPU time of all live threads of a process, in ns (schedstat is ns-precise, unlike stat).
-fn cpu_ns(pid: u32) -> u64 {
-    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
-    tasks
-        .flatten()
-        .filter_map(|t| fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()))
-        .sum()
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-struct BpfUsage {
-    map_bytes: u64,
-    prog_run_ns: u64,
-    prog_runs: u64,
-}
-
-/// What a process's BPF objects cost, from its fdinfo: memory charged to its maps, and the
-/// run time of its programs (counted while kernel.bpf_stats_enabled is 1).
-fn bpf_usage(pid: u32) -> BpfUsage {
-    let mut usage = BpfUsage::default();
-    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return usage };
-    for entry in fds.flatten() {
-        let Ok(info) = fs::read_to_string(entry.path()) else { continue };
-        let field = |name: &str| info.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse::<u64>().ok());
-        if info.contains("\nmap_type:") {
-            usage.map_bytes += field("memlock:").unwrap_or(0);
-        } else if info.contains("\nprog_type:") {
-            usage.prog_run_ns += field("run_time_ns:").unwrap_or(0);
-            usage.prog_runs += field("run_cnt:").unwrap_or(0);
-        }
-    }
-    usage
 }
 
 /// Turns on BPF run-time accounting for the benchmark and restores the old value after.

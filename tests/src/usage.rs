@@ -1,0 +1,43 @@
+//! What a process uses, read from /proc: CPU time, status fields (RSS), and what its BPF
+//! objects cost. Shared by the benchmarks and the soak, so that all measure the same way.
+use std::fs;
+
+/// CPU time of all live threads of a process, in ns (schedstat is ns-precise, unlike stat).
+pub fn cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .filter_map(|t| fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()))
+        .sum()
+}
+
+/// A `kB` field of `/proc/<pid>/status` (`"VmRSS:"`, ...), 0 if absent.
+pub fn status_kib(status: &str, field: &str) -> u64 {
+    status.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct BpfUsage {
+    pub map_bytes: u64,
+    pub prog_run_ns: u64,
+    pub prog_runs: u64,
+}
+
+/// What a process's BPF objects cost, from its fdinfo: memory charged to its maps, and the
+/// run time of its programs (counted while kernel.bpf_stats_enabled is 1).
+pub fn bpf_usage(pid: u32) -> BpfUsage {
+    let mut usage = BpfUsage::default();
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fdinfo")) else { return usage };
+    for entry in fds.flatten() {
+        let Ok(info) = fs::read_to_string(entry.path()) else { continue };
+        let field = |name: &str| info.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse::<u64>().ok());
+        if info.contains("\nmap_type:") {
+            usage.map_bytes += field("memlock:").unwrap_or(0);
+        } else if info.contains("\nprog_type:") {
+            usage.prog_run_ns += field("run_time_ns:").unwrap_or(0);
+            usage.prog_runs += field("run_cnt:").unwrap_or(0);
+        }
+    }
+    usage
+}
