@@ -76,6 +76,18 @@ pub mod block_state {
 pub struct OffCpuStart {
     pub key: SampleKey,
     pub start_ns: u64,
+    /// What the block counts for: the off-CPU sampling ratio when it was sampled.
+    pub weight: u32,
+    pub _pad: u32,
+}
+
+/// Sampling ratios the governor sets while the programs run: one event in `ratio` is
+/// recorded, and counted `ratio` times, so totals stay unbiased.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rates {
+    pub off_cpu_ratio: u32,
+    pub net_ratio: u32,
 }
 
 /// The last thread that sent on a socket, and its send stacks: transmit events are
@@ -290,7 +302,7 @@ pub mod counter {
     pub const OFF_CPU_TABLE_FULL: u32 = 9;
     /// Off-CPU blocks left out by the minimum / maximum block time.
     pub const OFF_CPU_OUT_OF_RANGE: u32 = 10;
-    /// Network events (every kind), accepted after filters.
+    /// Network events (every kind) recorded: sampled, and accepted by the filters.
     pub const NET_EVENTS: u32 = 11;
     /// Off-CPU blocks counted (sampled).
     pub const OFF_CPU_BLOCKS: u32 = 12;
@@ -300,8 +312,15 @@ pub mod counter {
     /// User stack walks by how they ended, from here on one counter per `unwind_stop`
     /// reason (index `UNWIND_STOPS + reason`; `END` counts complete stacks).
     pub const UNWIND_STOPS: u32 = 14;
+    /// Nanoseconds the programs ran in runs that recorded something, by source: on-CPU,
+    /// off-CPU, network (index `RUN_NS + source`); then (`RUN_NS + 3`) in runs that recorded
+    /// nothing (sampled out, filtered, idle): the cost no sampling rate lowers. Measured by the
+    /// programs themselves while `MEASURE_RUN_TIME` is set (under a CPU budget): the kernel's
+    /// own accounting needs CAP_SYS_ADMIN.
+    pub const RUN_NS: u32 = UNWIND_STOPS + super::unwind_stop::COUNT;
+    pub const RUN_NS_SKIPPED: u32 = RUN_NS + 3;
     /// Number of counters.
-    pub const COUNT: u32 = UNWIND_STOPS + super::unwind_stop::COUNT;
+    pub const COUNT: u32 = RUN_NS + 4;
 
     /// Each counter's name, as profile comments (`ember.counter.<name>=<value>`) and the
     /// agent's metrics and logs call it.
@@ -327,6 +346,10 @@ pub mod counter {
         (UNWIND_STOPS + 4, "unwind_stop_unsupported"),
         (UNWIND_STOPS + 5, "unwind_stop_signal"),
         (UNWIND_STOPS + 6, "unwind_stop_bad_frame"),
+        (RUN_NS, "bpf_run_ns_on_cpu"),
+        (RUN_NS + 1, "bpf_run_ns_off_cpu"),
+        (RUN_NS + 2, "bpf_run_ns_net"),
+        (RUN_NS_SKIPPED, "bpf_run_ns_skipped"),
     ];
 }
 
@@ -379,7 +402,10 @@ pub mod names {
     pub const OFF_CPU_STATES: &str = "OFF_CPU_STATES";
     pub const OFF_CPU_MIN_NS: &str = "OFF_CPU_MIN_NS";
     pub const OFF_CPU_MAX_NS: &str = "OFF_CPU_MAX_NS";
-    pub const OFF_CPU_RATIO: &str = "OFF_CPU_RATIO";
+    /// Global: non-zero when the programs time themselves (`counter::RUN_NS`).
+    pub const MEASURE_RUN_TIME: &str = "MEASURE_RUN_TIME";
+    /// `Rates` (one entry), rewritten while the programs run.
+    pub const RATES: &str = "RATES";
     /// Global: `[FieldLayout; 6]`, one per network kind from `kind::FIRST_NET`.
     pub const NET_LAYOUTS: &str = "NET_LAYOUTS";
     pub const PROG_SAMPLE: &str = "sample_cpu";
@@ -404,6 +430,7 @@ mod pod {
     unsafe impl aya::Pod for super::ProcessEvent {}
     unsafe impl aya::Pod for super::SampleValue {}
     unsafe impl aya::Pod for super::OffCpuStart {}
+    unsafe impl aya::Pod for super::Rates {}
     unsafe impl aya::Pod for super::FieldLayout {}
     unsafe impl aya::Pod for super::SocketOwner {}
     unsafe impl aya::Pod for super::SwitchLayout {}

@@ -10,7 +10,7 @@
 mod walk;
 
 use agent_common::{
-    attribution, block_state, counter, kind, stack_status, FieldLayout, OffCpuStart, ProcessEvent, SampleKey,
+    attribution, block_state, counter, kind, stack_status, FieldLayout, OffCpuStart, ProcessEvent, Rates, SampleKey,
     SampleValue, SocketOwner, SwitchLayout, UserStack, COMM_LEN, IFNAMSIZ,
 };
 use aya_ebpf::{
@@ -50,6 +50,9 @@ static COUNTERS_A: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COU
 static COUNTERS_B: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
 #[map]
 static ACTIVE_SET: Array<u32> = Array::with_max_entries(1, 0);
+/// Off-CPU and network sampling ratios, set by userspace (the overhead governor) at any time.
+#[map]
+static RATES: Array<Rates> = Array::with_max_entries(1, 0);
 
 /// Processes userspace has been told about; a miss sends a `ProcessEvent`.
 #[map]
@@ -82,10 +85,9 @@ static OFF_CPU_STATES: u32 = block_state::PREEMPTED | block_state::SLEEPING | bl
 static OFF_CPU_MIN_NS: u64 = 0;
 #[no_mangle]
 static OFF_CPU_MAX_NS: u64 = u64::MAX;
-/// Record one block in OFF_CPU_RATIO (each counted OFF_CPU_RATIO times): bounds the cost on
-/// hosts with very many context switches, without bias.
+/// Non-zero: each program adds its run time to the set's `counter::RUN_NS` counters.
 #[no_mangle]
-static OFF_CPU_RATIO: u32 = 1;
+static MEASURE_RUN_TIME: u8 = 0;
 #[no_mangle]
 static NET_LAYOUTS: [FieldLayout; NET_KINDS] = [FieldLayout::NONE; NET_KINDS];
 #[no_mangle]
@@ -98,6 +100,18 @@ static SEND_RET_OFFSET: u32 = 0;
 fn config<T: Copy>(global: &T) -> T {
     // Volatile: the value is patched into the object after compilation.
     unsafe { core::ptr::read_volatile(global) }
+}
+
+/// Whether to record this event under a 1-in-`ratio` sampling: the recorded ones count
+/// `ratio` times. Ratio 0 (never set) counts as 1.
+#[inline(always)]
+fn sampled_out(ratio: u32) -> bool {
+    ratio > 1 && unsafe { bpf_get_prandom_u32() } % ratio != 0
+}
+
+#[inline(always)]
+fn rates() -> Rates {
+    RATES.get(0).copied().unwrap_or(Rates { off_cpu_ratio: 1, net_ratio: 1 })
 }
 
 struct BufferSet {
@@ -135,9 +149,34 @@ fn active_set() -> BufferSet {
 
 #[inline(always)]
 fn bump(counters: &PerCpuArray<u64>, index: u32) {
+    add(counters, index, 1);
+}
+
+#[inline(always)]
+fn add(counters: &PerCpuArray<u64>, index: u32, n: u64) {
     if let Some(slot) = counters.get_ptr_mut(index) {
         // Per-CPU slot: no other writer while this program runs on this CPU.
-        unsafe { *slot += 1 };
+        unsafe { *slot += n };
+    }
+}
+
+/// Run-time measurement (`MEASURE_RUN_TIME`): the start of a run, or 0 when not measuring.
+#[inline(always)]
+fn run_started() -> u64 {
+    if config(&MEASURE_RUN_TIME) != 0 {
+        unsafe { bpf_ktime_get_ns() }
+    } else {
+        0
+    }
+}
+
+/// Adds the time since `start` (from `run_started`) to the set's run time of `source`, or to
+/// that of runs that recorded nothing.
+#[inline(always)]
+fn run_ended(set: &BufferSet, source: u32, start: u64, recorded: bool) {
+    if start != 0 {
+        let index = if recorded { counter::RUN_NS + source } else { counter::RUN_NS_SKIPPED };
+        add(set.counters, index, unsafe { bpf_ktime_get_ns() }.saturating_sub(start));
     }
 }
 
@@ -231,30 +270,40 @@ fn current_key(event_kind: u8, set: &BufferSet) -> SampleKey {
 
 #[perf_event]
 pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
+    let start = run_started();
     let set = active_set();
+    let recorded = sample(&ctx, &set);
+    run_ended(&set, 0, start, recorded);
+    0
+}
+
+#[inline(always)]
+fn sample(ctx: &PerfEventContext, set: &BufferSet) -> bool {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tgid, pid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     if pid == 0 {
         bump(set.counters, counter::IDLE);
-        return 0;
+        return false;
     }
     if !passes_filters(tgid) {
         bump(set.counters, counter::FILTERED);
-        return 0;
+        return false;
     }
     bump(set.counters, counter::SAMPLES);
-    let mut key = current_key(kind::ON_CPU, &set);
+    let mut key = current_key(kind::ON_CPU, set);
     // A sample taken in user mode has the user registers at hand, and no kernel stack (the
     // kernel would walk nothing and return -EFAULT): skip that helper call.
     let regs = unsafe { &(*ctx.ctx).regs };
     if walk::in_user_mode(regs) {
-        key.user_stack_id = walk::user_stack_id(&set, tgid, Some(regs));
+        key.user_stack_id = walk::user_stack_id(set, tgid, Some(regs));
     } else {
-        key.user_stack_id = walk::user_stack_id(&set, tgid, None);
-        key.kernel_stack_id = kernel_stack_id(&ctx, &set);
+        key.user_stack_id = walk::user_stack_id(set, tgid, None);
+        key.kernel_stack_id = kernel_stack_id(ctx, set);
     }
-    record(&set, &key, 1, 0);
-    0
+    // The period is the time the sample stands for (ns, for the clock events): on-CPU time
+    // stays exact whatever frequency the governor sets.
+    record(set, &key, 1, unsafe { (*ctx.ctx).sample_period });
+    true
 }
 
 /// Reads a field of the tracepoint record at an offset fixed at load time.
@@ -286,56 +335,66 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
     let set = active_set();
     let prev_pid: u32 = field(&ctx, layout.prev_pid);
     let next_pid: u32 = field(&ctx, layout.next_pid);
+    let mut recorded = false;
     if prev_pid != 0 {
         let state: u64 = if layout.prev_state_size == 8 {
             field(&ctx, layout.prev_state)
         } else {
             field::<u32>(&ctx, layout.prev_state) as u64
         };
-        switch_out(&ctx, &set, state, now);
+        recorded = switch_out(&ctx, &set, state, now);
     }
     if next_pid != 0 {
-        switch_in(&set, next_pid, now);
+        recorded |= switch_in(&set, next_pid, now);
+    }
+    // `now` is this run's start.
+    if config(&MEASURE_RUN_TIME) != 0 {
+        run_ended(&set, 1, now, recorded);
     }
     0
 }
 
 #[inline(always)]
-fn switch_out(ctx: &TracePointContext, set: &BufferSet, state: u64, now: u64) {
+/// Returns whether it captured the block's stacks.
+fn switch_out(ctx: &TracePointContext, set: &BufferSet, state: u64, now: u64) -> bool {
     let class = block_class(state);
     if class & config(&OFF_CPU_STATES) == 0 {
-        return;
+        return false;
+    }
+    // Sampled out first: on a switch-heavy host most switches should cost next to nothing.
+    let ratio = rates().off_cpu_ratio.max(1);
+    if sampled_out(ratio) {
+        return false;
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !passes_filters(tgid) {
-        return;
-    }
-    let ratio = config(&OFF_CPU_RATIO);
-    if ratio > 1 && unsafe { bpf_get_prandom_u32() } % ratio != 0 {
-        return;
+        return false;
     }
     let mut key = current_key(kind::OFF_CPU, set);
     key.aux = class;
     key.user_stack_id = walk::user_stack_id(set, tgid, None);
     key.kernel_stack_id = kernel_stack_id(ctx, set);
-    if OFF_CPU_START.insert(&key.pid, &OffCpuStart { key, start_ns: now }, 0).is_err() {
+    if OFF_CPU_START.insert(&key.pid, &OffCpuStart { key, start_ns: now, weight: ratio, _pad: 0 }, 0).is_err() {
         bump(set.counters, counter::OFF_CPU_TABLE_FULL);
     }
+    true
 }
 
+/// Returns whether it found (and counted) a block of this thread.
 #[inline(always)]
-fn switch_in(set: &BufferSet, pid: u32, now: u64) {
-    let Some(start) = OFF_CPU_START.get_ptr(&pid) else { return };
+fn switch_in(set: &BufferSet, pid: u32, now: u64) -> bool {
+    let Some(start) = OFF_CPU_START.get_ptr(&pid) else { return false };
     let start = unsafe { *start };
     let _ = OFF_CPU_START.remove(&pid);
     let blocked = now.saturating_sub(start.start_ns);
     if blocked < config(&OFF_CPU_MIN_NS) || blocked > config(&OFF_CPU_MAX_NS) {
         bump(set.counters, counter::OFF_CPU_OUT_OF_RANGE);
-        return;
+        return true;
     }
-    let ratio = config(&OFF_CPU_RATIO) as u64;
+    let weight = start.weight.max(1) as u64;
     bump(set.counters, counter::OFF_CPU_BLOCKS);
-    record(set, &start.key, ratio, blocked * ratio);
+    record(set, &start.key, weight, blocked * weight);
+    true
 }
 
 /// A network event: packets and bytes by stack and device, on the current task or, for a
@@ -343,9 +402,18 @@ fn switch_in(set: &BufferSet, pid: u32, now: u64) {
 /// a sender's data often leaves from softirq on another task, which must not filter it out.
 #[inline(always)]
 fn record_net(ctx: &TracePointContext, event_kind: u8) -> u32 {
+    let start = run_started();
     let set = active_set();
+    let ratio = rates().net_ratio.max(1);
+    let recorded = !sampled_out(ratio) && record_net_event(ctx, event_kind, &set, ratio);
+    run_ended(&set, 2, start, recorded);
+    0
+}
+
+#[inline(always)]
+fn record_net_event(ctx: &TracePointContext, event_kind: u8, set: &BufferSet, ratio: u32) -> bool {
     let layouts = config(&NET_LAYOUTS);
-    let Some(layout) = layouts.get((event_kind - kind::FIRST_NET) as usize) else { return 0 };
+    let Some(layout) = layouts.get((event_kind - kind::FIRST_NET) as usize) else { return false };
     let len: u32 = if layout.len != FieldLayout::ABSENT { field(ctx, layout.len) } else { 0 };
     let mut device = [0u8; IFNAMSIZ];
     if layout.name != FieldLayout::ABSENT {
@@ -357,31 +425,31 @@ fn record_net(ctx: &TracePointContext, event_kind: u8) -> u32 {
     let transmit = event_kind == kind::NET_DEV_QUEUE || event_kind == kind::NET_DEV_XMIT;
     if transmit {
         // The owner passed the filters when it sent (`sock_send_length`).
-        if let Some(owner) = socket_owner(ctx, layout, &set) {
+        if let Some(owner) = socket_owner(ctx, layout, set) {
             let mut attributed = owner.key;
             attributed.kind = event_kind;
             attributed.device = device;
             attributed.aux = attribution::SOCKET_OWNER;
             bump(set.counters, counter::NET_EVENTS);
-            record(&set, &attributed, 1, len as u64);
-            return 0;
+            record(set, &attributed, ratio as u64, len as u64 * ratio as u64);
+            return true;
         }
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !passes_filters(tgid) {
         bump(set.counters, counter::FILTERED);
-        return 0;
+        return false;
     }
-    let mut key = current_key(event_kind, &set);
+    let mut key = current_key(event_kind, set);
     key.device = device;
     if layout.reason != FieldLayout::ABSENT {
         key.aux = field(ctx, layout.reason);
     }
     bump(set.counters, counter::NET_EVENTS);
-    key.user_stack_id = walk::user_stack_id(&set, tgid, None);
-    key.kernel_stack_id = kernel_stack_id(ctx, &set);
-    record(&set, &key, 1, len as u64);
-    0
+    key.user_stack_id = walk::user_stack_id(set, tgid, None);
+    key.kernel_stack_id = kernel_stack_id(ctx, set);
+    record(set, &key, ratio as u64, len as u64 * ratio as u64);
+    true
 }
 
 /// The last sender on the packet's socket, if its stacks are recent enough to be valid
@@ -402,27 +470,35 @@ fn socket_owner(ctx: &TracePointContext, layout: &FieldLayout, set: &BufferSet) 
 /// interval, so a busy sender pays for stack capture once per interval, not per call.
 #[tracepoint]
 pub fn sock_send_length(ctx: TracePointContext) -> u32 {
-    let sent: i32 = field(&ctx, config(&SEND_RET_OFFSET));
-    if sent <= 0 {
-        return 0;
-    }
-    let sk: u64 = field(&ctx, config(&SEND_SK_OFFSET));
+    let start = run_started();
     let set = active_set();
+    let recorded = remember_sender(&ctx, &set);
+    run_ended(&set, 2, start, recorded);
+    0
+}
+
+#[inline(always)]
+fn remember_sender(ctx: &TracePointContext, set: &BufferSet) -> bool {
+    let sent: i32 = field(ctx, config(&SEND_RET_OFFSET));
+    if sent <= 0 {
+        return false;
+    }
+    let sk: u64 = field(ctx, config(&SEND_SK_OFFSET));
     let pid_tgid = bpf_get_current_pid_tgid();
     if let Some(owner) = SOCK_OWNER.get_ptr(&sk) {
         let owner = unsafe { &*owner };
         if owner.generation == set.generation && owner.key.pid == pid_tgid as u32 {
-            return 0;
+            return false;
         }
     }
     if !passes_filters((pid_tgid >> 32) as u32) {
-        return 0;
+        return false;
     }
-    let mut key = current_key(kind::NET_DEV_QUEUE, &set);
-    key.user_stack_id = walk::user_stack_id(&set, key.tgid, None);
-    key.kernel_stack_id = kernel_stack_id(&ctx, &set);
+    let mut key = current_key(kind::NET_DEV_QUEUE, set);
+    key.user_stack_id = walk::user_stack_id(set, key.tgid, None);
+    key.kernel_stack_id = kernel_stack_id(ctx, set);
     let _ = SOCK_OWNER.insert(&sk, &SocketOwner { key, generation: set.generation, _pad: 0 }, 0);
-    0
+    true
 }
 
 #[tracepoint]

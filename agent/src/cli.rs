@@ -25,6 +25,11 @@ pub struct RunArgs {
     /// Length of one profile [default: 10s].
     #[arg(long)]
     pub interval: Option<String>,
+    /// Most CPU profiling may cost, as a share of one core ("1%"): the agent's own CPU plus
+    /// its BPF programs' run time. Over it, sampling rates come down (the dearest source
+    /// first) and go back up when there is room; totals stay unbiased [default: none].
+    #[arg(long)]
+    pub cpu_budget: Option<String>,
     /// Directory for the profiles [default: ./ember-profiles].
     #[arg(short, long)]
     pub output_dir: Option<PathBuf>,

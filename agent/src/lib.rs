@@ -5,10 +5,11 @@
 //! The modules follow the data flow (see design.md): `kernel` -> `unwind` -> `resolve` ->
 //! `symbolize` -> `encode` -> `ship`, with `ops` (metrics, status, losses) beside them. `cli`
 //! and `settings` turn the command line and the config file into what the stages receive;
-//! `run`, `record`, `unwind_table` and `pipeline` wire the stages together. Imports only point
-//! down that list.
+//! `run`, `record`, `unwind_table` and `pipeline` wire the stages together, and `governor`
+//! keeps `run`'s cost within its CPU budget. Imports only point down that list.
 mod cli;
 mod encode;
+mod governor;
 mod kernel;
 mod ops;
 mod pipeline;

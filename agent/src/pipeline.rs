@@ -14,6 +14,7 @@ use crate::{
         pprof::{self, ProfileInfo},
         ProfileKind,
     },
+    kernel::Event,
     ops::{memory, metrics},
     resolve::ResolvedInterval,
     ship::{
@@ -53,13 +54,13 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    pub fn spawn(event: &'static str, frequency: u64, shipping: Option<Shipping>, symbols: SymbolSettings) -> Pipeline {
+    pub fn spawn(event: Event, shipping: Option<Shipping>, symbols: SymbolSettings) -> Pipeline {
         let (jobs, queue) = mpsc::sync_channel::<Job>(QUEUE);
         let thread = std::thread::Builder::new()
             .name("ember-pipeline".into())
             .spawn(move || {
                 let mut symbolizer = Symbolizer::new(&symbols);
-                let info = ProfileInfo { event, frequency };
+                let info = ProfileInfo { event };
                 for job in queue {
                     let result = process(&mut symbolizer, &info, &job.interval, &job.plan, shipping.as_ref());
                     // Each kind's pipeline has its own symbolizer: all add to the same counters.
@@ -195,7 +196,7 @@ mod tests {
 
     #[test]
     fn intervals_beyond_the_queue_are_shed_and_counted() {
-        let pipeline = Pipeline::spawn("cpu-clock", 99, None, SymbolSettings::default());
+        let pipeline = Pipeline::spawn(crate::kernel::Event::CpuClock, None, SymbolSettings::default());
         let before = shed();
         // Far faster than the thread takes them (each also returns memory to the kernel).
         for _ in 0..1000 {

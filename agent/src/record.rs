@@ -24,7 +24,7 @@ pub async fn record(settings: RecordSettings) -> Result<()> {
     preflight::check()?;
     let kernel = &settings.kernel;
     let mut resolver = Resolver::start(kernel, Targets::new(None, Relabeler::default()))?;
-    let pipeline = Pipeline::spawn(kernel.event.name(), kernel.frequency, None, settings.symbols.clone());
+    let pipeline = Pipeline::spawn(kernel.event, None, settings.symbols.clone());
     tracing::info!(frequency = kernel.frequency, event = kernel.event.name(), duration = ?settings.duration, "profiling every CPU");
     let started = Instant::now();
     let deadline = started + settings.duration;

@@ -6,6 +6,7 @@ use anyhow::{Context as _, Result};
 use tokio::time::{interval_at, Instant, MissedTickBehavior};
 
 use crate::{
+    governor::{self, Governor},
     kernel::preflight,
     ops::{losses, status},
     pipeline::Pipeline,
@@ -45,12 +46,16 @@ pub async fn run(settings: RunSettings) -> Result<()> {
         None => None,
     };
     let mut resolver = Resolver::start(&settings.kernel, Targets::new(pods, settings.relabel))?;
+    let base = resolver.sampler().rates();
+    let mut governor = settings.cpu_budget.map(|budget| Governor::start(budget, base, settings.kernel.event.is_clock()));
+    governor::publish(resolver.sampler().rates());
     health.set_ready();
-    let pipeline = Pipeline::spawn(settings.kernel.event.name(), settings.kernel.frequency, shipping, settings.symbols.clone());
+    let pipeline = Pipeline::spawn(settings.kernel.event, shipping, settings.symbols.clone());
     let names: Vec<&str> = settings.kinds.iter().map(|k| k.name()).collect();
     tracing::info!(
         frequency = settings.kernel.frequency, event = settings.kernel.event.name(), interval = ?settings.interval,
-        files = ?settings.files.as_ref().map(|(dir, _)| dir), profiles = ?names, "profiling every CPU"
+        files = ?settings.files.as_ref().map(|(dir, _)| dir), profiles = ?names,
+        cpu_budget = ?settings.cpu_budget.map(|b| format!("{}%", b * 100.0)), "profiling every CPU"
     );
     let mut ticks = interval_at(Instant::now() + settings.interval, settings.interval);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -67,7 +72,10 @@ pub async fn run(settings: RunSettings) -> Result<()> {
                 stopping = true;
             }
         }
-        let interval = resolver.drain()?;
+        let mut interval = resolver.drain()?;
+        if let Some(governor) = governor.as_mut() {
+            governor.govern(resolver.sampler(), &mut interval)?;
+        }
         health.tick();
         losses::report(interval.losses());
         let start = interval.start.unwrap_or_else(std::time::SystemTime::now);

@@ -647,12 +647,14 @@ impl Decoded {
 
     /// A counter the agent wrote in the comments ("ember.counter.<name>=<value>").
     pub fn counter(&self, name: &str) -> u64 {
-        let prefix = format!("ember.counter.{name}=");
-        self.profile
-            .comment
-            .iter()
-            .find_map(|&c| self.string(c).strip_prefix(&prefix).map(|v| v.parse().expect("counter value")))
-            .unwrap_or_else(|| panic!("profile has no counter {name}"))
+        let value = self.comment_field(&format!("ember.counter.{name}"));
+        value.unwrap_or_else(|| panic!("profile has no counter {name}")).parse().expect("counter value")
+    }
+
+    /// A `key=value` field of the comments (several may share one comment, space-separated).
+    pub fn comment_field(&self, key: &str) -> Option<&str> {
+        let prefix = format!("{key}=");
+        self.profile.comment.iter().flat_map(|&c| self.string(c).split(' ')).find_map(|field| field.strip_prefix(&prefix))
     }
 
     pub fn samples_of(&self, pid: u32) -> Vec<&Sample> {

@@ -2,6 +2,8 @@
 //! objects cost. Shared by the benchmarks and the soak, so that all measure the same way.
 use std::fs;
 
+use anyhow::Context as _;
+
 /// CPU time of all live threads of a process, in ns (schedstat is ns-precise, unlike stat).
 pub fn cpu_ns(pid: u32) -> u64 {
     let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
@@ -40,4 +42,24 @@ pub fn bpf_usage(pid: u32) -> BpfUsage {
         }
     }
     usage
+}
+
+/// Turns on the kernel's BPF run-time accounting (what `bpf_usage` reads) and restores the
+/// old value when dropped.
+pub struct BpfStatsEnabled(String);
+
+const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+impl BpfStatsEnabled {
+    pub fn enable() -> anyhow::Result<BpfStatsEnabled> {
+        let old = fs::read_to_string(BPF_STATS).context("reading kernel.bpf_stats_enabled")?;
+        fs::write(BPF_STATS, "1").context("enabling kernel.bpf_stats_enabled (needs root)")?;
+        Ok(BpfStatsEnabled(old))
+    }
+}
+
+impl Drop for BpfStatsEnabled {
+    fn drop(&mut self) {
+        let _ = fs::write(BPF_STATS, self.0.trim());
+    }
 }

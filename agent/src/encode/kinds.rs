@@ -64,13 +64,16 @@ impl ProfileKind {
         }
     }
 
-    /// The sample's values, in `sample_types` order. `period` is one on-CPU sample's ns.
-    pub fn values(self, sample: &ResolvedSample, period: i64) -> Vec<i64> {
+    /// The sample's values, in `sample_types` order. On-CPU samples of the clock events carry
+    /// their nanoseconds (their periods) in `total`; those of hardware events count
+    /// `nominal_period` ns each.
+    pub fn values(self, sample: &ResolvedSample, nominal_period: Option<i64>) -> Vec<i64> {
         let (count, total) = (sample.value.count as i64, sample.value.total as i64);
+        let on_cpu_ns = nominal_period.map_or(total, |period| count * period);
         match self {
-            ProfileKind::Cpu => vec![count, count * period],
+            ProfileKind::Cpu => vec![count, on_cpu_ns],
             ProfileKind::OffCpu | ProfileKind::NetTx | ProfileKind::NetRx => vec![count, total],
-            ProfileKind::Wall if sample.kind == kind::ON_CPU => vec![count * period],
+            ProfileKind::Wall if sample.kind == kind::ON_CPU => vec![on_cpu_ns],
             ProfileKind::Wall => vec![total],
             ProfileKind::NetRetransmit | ProfileKind::NetDrop => vec![count],
         }

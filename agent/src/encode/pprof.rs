@@ -10,13 +10,13 @@ use ember_pprof::{StringIndex, JIT_MAPPING, KERNEL_MAPPING};
 
 use super::kinds::{attribution_label, state_label, tracepoint_label, ProfileKind};
 use crate::{
+    kernel::Event,
     resolve::{ResolvedInterval, Site, UserAddress},
     symbolize::{jit_frame, Frame, Symbolizer},
 };
 
-pub struct ProfileInfo<'a> {
-    pub event: &'a str,
-    pub frequency: u64,
+pub struct ProfileInfo {
+    pub event: Event,
 }
 
 #[derive(Hash, PartialEq, Eq)]
@@ -132,7 +132,9 @@ impl Builder {
 pub fn build(interval: &ResolvedInterval, symbols: &Symbolizer, info: &ProfileInfo, kind: ProfileKind) -> Profile {
     let mut b = Builder::default();
     b.string("");
-    let period = 1_000_000_000 / info.frequency.max(1) as i64;
+    let rates = interval.rates;
+    let period = 1_000_000_000 / rates.frequency.max(1) as i64;
+    let nominal_period = (!info.event.is_clock()).then_some(period);
     b.profile.sample_type =
         kind.sample_types().iter().map(|(t, u)| ValueType { r#type: b.string(t), unit: b.string(u) }).collect();
     if kind == ProfileKind::Cpu {
@@ -164,7 +166,7 @@ pub fn build(interval: &ResolvedInterval, symbols: &Symbolizer, info: &ProfileIn
             ProfileKind::NetDrop => label.push(b.label_str("reason", sample.reason.as_deref().unwrap_or(""))),
             ProfileKind::Cpu | ProfileKind::NetRetransmit => {}
         }
-        let values = kind.values(sample, period);
+        let values = kind.values(sample, nominal_period);
         let key = (location_id, label.iter().map(|l| (l.key, l.str, l.num)).collect());
         if let Some(&index) = b.samples.get(&key) {
             for (total, add) in b.profile.sample[index].value.iter_mut().zip(values) {
@@ -182,11 +184,19 @@ pub fn build(interval: &ResolvedInterval, symbols: &Symbolizer, info: &ProfileIn
     b.profile.time_nanos = nanos(interval.start);
     b.profile.duration_nanos = (nanos(interval.end) - b.profile.time_nanos).max(0);
     let mut comments = vec![format!(
-        "ember.kind={} ember.event={} ember.frequency={}",
+        "ember.kind={} ember.event={} ember.frequency={} ember.off_cpu_ratio={} ember.net_ratio={}",
         kind.name(),
-        info.event,
-        info.frequency
+        info.event.name(),
+        rates.frequency,
+        rates.off_cpu_ratio,
+        rates.net_ratio
     )];
+    if let Some(overhead) = interval.overhead {
+        comments.push(format!(
+            "ember.cpu_budget={:.4} ember.overhead.agent={:.4} ember.overhead.bpf={:.4}",
+            overhead.budget, overhead.agent, overhead.bpf
+        ));
+    }
     comments.extend(kind.comment().map(str::to_string));
     comments.extend(counter::NAMES.iter().map(|(i, name)| format!("ember.counter.{name}={}", interval.counter(*i))));
     comments.push(format!("ember.counter.relabel_dropped={}", interval.relabel_dropped));

@@ -10,7 +10,7 @@ use agent_common::{counter, unwind_stop, SampleKey, SampleValue, UserStack};
 use anyhow::{Context as _, Result};
 use aya::maps::{HashMap as BpfHashMap, IterableMap as _, MapData, PerCpuValues, StackTraceMap};
 
-use super::{batch, load::Sampler};
+use super::{batch, load::Sampler, rates::SamplingRates};
 
 /// A stack read from a stack map, leaf first.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +33,8 @@ pub struct RawInterval {
     pub stacks: HashMap<StackRef, Stack>,
     /// Summed over CPUs, indexed by `agent_common::counter`.
     pub counters: [u64; counter::COUNT as usize],
+    /// The rates the interval was sampled at.
+    pub rates: SamplingRates,
 }
 
 impl Sampler {
@@ -49,7 +51,7 @@ impl Sampler {
         // the old set: wait until every program running now has finished.
         self.barrier.wait()?;
 
-        let mut interval = RawInterval { start: Some(start), end: Some(end), ..Default::default() };
+        let mut interval = RawInterval { start: Some(start), end: Some(end), rates: self.rates, ..Default::default() };
         let set = &mut self.sets[idle as usize];
         batch::read(set.counts.map(), self.nr_cpus, true, |key: SampleKey, values: &[SampleValue]| {
             let value = values.iter().fold(SampleValue::default(), |sum, v| SampleValue { count: sum.count + v.count, total: sum.total + v.total });

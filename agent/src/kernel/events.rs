@@ -26,6 +26,11 @@ impl Event {
         }
     }
 
+    /// Whether a sample's period is time (ns): hrtimer-driven software events.
+    pub fn is_clock(self) -> bool {
+        matches!(self, Event::CpuClock | Event::TaskClock)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Event::CpuClock => "cpu-clock",
@@ -91,6 +96,8 @@ pub struct KernelSettings {
     pub pids: Vec<u32>,
     /// Only this cgroup v2 id.
     pub cgroup_id: Option<u64>,
+    /// The programs time themselves (`counter::RUN_NS`), for the overhead governor.
+    pub measure_run_time: bool,
 }
 
 impl KernelSettings {

@@ -7,14 +7,11 @@ use std::{
     time::SystemTime,
 };
 
-use agent_common::{names, OffCpuStart, SampleKey, SampleValue, SocketOwner, UserStack};
+use agent_common::{names, OffCpuStart, Rates, SampleKey, SampleValue, SocketOwner, UserStack};
 use anyhow::{Context as _, Result};
 use aya::{
     maps::{Array, HashMap as BpfHashMap, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap},
-    programs::{
-        perf_event::{PerfEventScope, SamplePolicy},
-        PerfEvent, TracePoint,
-    },
+    programs::{PerfEvent, TracePoint},
     util::{nr_cpus, online_cpus},
     Ebpf, EbpfLoader,
 };
@@ -24,6 +21,7 @@ use super::{
     barrier::ProgramBarrier,
     events::{Event, KernelSettings},
     layouts::{net_layouts, switch_layout, transmit_attribution},
+    rates::{PerfSampling, SamplingRates},
     unwind_maps::UnwindMaps,
     Stack,
 };
@@ -43,7 +41,11 @@ pub(super) struct BufferSet {
 
 pub struct Sampler {
     /// Owns the programs: dropping it detaches them (`stop`).
-    ebpf: Option<Ebpf>,
+    pub(super) ebpf: Option<Ebpf>,
+    /// The on-CPU perf events (on-CPU sampling only).
+    pub(super) perf: Option<PerfSampling>,
+    pub(super) rates: SamplingRates,
+    pub(super) rates_map: Array<MapData, Rates>,
     pub(super) barrier: ProgramBarrier,
     pub(super) sets: [BufferSet; 2],
     pub(super) active: Array<MapData, u32>,
@@ -67,6 +69,7 @@ impl Sampler {
     pub fn start(settings: &KernelSettings) -> Result<(Sampler, Announcements, UnwindMaps)> {
         let filter_tgids = u8::from(!settings.pids.is_empty());
         let cgroup = settings.cgroup_id.unwrap_or(0);
+        let measure_run_time = u8::from(settings.measure_run_time);
         let switch = settings.off_cpu.as_ref().map(|_| switch_layout()).transpose()?;
         let net_layouts = net_layouts(&settings.net)?;
         let attribution = transmit_attribution(&settings.net)?;
@@ -76,6 +79,7 @@ impl Sampler {
         loader.btf(None);
         loader.override_global(names::FILTER_TGIDS, &filter_tgids, true);
         loader.override_global(names::FILTER_CGROUP, &cgroup, true);
+        loader.override_global(names::MEASURE_RUN_TIME, &measure_run_time, true);
         loader.override_global(names::NET_LAYOUTS, &net_layouts[..], true);
         if let Some((skb_sk, send_sk, send_ret)) = &attribution {
             loader.override_global(names::SKB_SK_OFFSET, skb_sk, true);
@@ -87,7 +91,6 @@ impl Sampler {
             loader.override_global(names::OFF_CPU_STATES, &off_cpu.states, true);
             loader.override_global(names::OFF_CPU_MIN_NS, &off_cpu.min_block_ns, true);
             loader.override_global(names::OFF_CPU_MAX_NS, &off_cpu.max_block_ns, true);
-            loader.override_global(names::OFF_CPU_RATIO, &off_cpu.ratio, true);
         }
         // Features that are off get one-entry maps: preallocated maps cost kernel memory.
         loader.map_max_entries(names::OFF_CPU_START, settings.off_cpu.as_ref().map_or(1, |o| o.max_threads.max(1)));
@@ -123,20 +126,23 @@ impl Sampler {
             let (category, name) = event.tracepoint();
             attach_tracepoint(&mut ebpf, event.program(), category, name)?;
         }
-        if settings.cpu {
+        let rates = SamplingRates {
+            frequency: settings.frequency,
+            off_cpu_ratio: settings.off_cpu.as_ref().map_or(1, |o| o.ratio.max(1)),
+            net_ratio: 1,
+        };
+        let mut rates_map: Array<_, Rates> = Array::try_from(take(&mut ebpf, names::RATES)?)?;
+        rates_map.set(0, rates.kernel(), 0).context("writing sampling ratios")?;
+        let perf = if settings.cpu {
             let prog: &mut PerfEvent = ebpf.program_mut(names::PROG_SAMPLE).context("program missing")?.try_into()?;
             prog.load().map_err(|e| anyhow::anyhow!("loading {}: {e}{}", names::PROG_SAMPLE, chain(&e)))?;
             let cpus = online_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))?;
-            for cpu in cpus {
-                prog.attach(
-                    settings.event.config(),
-                    PerfEventScope::AllProcessesOneCpu { cpu },
-                    SamplePolicy::Frequency(settings.frequency),
-                    false,
-                )
-                .map_err(|e| perf_open_error(settings.event, cpu, &e))?;
-            }
-        }
+            let mut perf = PerfSampling { event: settings.event, cpus, links: vec![] };
+            perf.attach(prog, settings.frequency)?;
+            Some(perf)
+        } else {
+            None
+        };
 
         let sets = [0, 1].map(|i| -> Result<BufferSet> {
             Ok(BufferSet {
@@ -170,6 +176,9 @@ impl Sampler {
         let barrier = ProgramBarrier::new(active.map().fd().as_fd().as_raw_fd())?;
         let sampler = Sampler {
             ebpf: Some(ebpf),
+            perf,
+            rates,
+            rates_map,
             barrier,
             sets,
             active,
@@ -218,7 +227,7 @@ fn chain(error: &dyn std::error::Error) -> String {
     out
 }
 
-fn perf_open_error(event: Event, cpu: u32, error: &aya::programs::ProgramError) -> anyhow::Error {
+pub(super) fn perf_open_error(event: Event, cpu: u32, error: &aya::programs::ProgramError) -> anyhow::Error {
     let detail = chain(error);
     let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").unwrap_or_default();
     if detail.contains("No such file") || detail.contains("not supported") || detail.contains("Operation not supported") {

@@ -9,6 +9,7 @@ mod drain;
 mod events;
 mod layouts;
 mod load;
+mod rates;
 mod unwind_maps;
 pub mod preflight;
 pub mod tracefs;
@@ -17,6 +18,7 @@ pub use announce::Announcements;
 pub use drain::{RawInterval, Stack};
 pub use events::{Event, KernelSettings, NetEvent, OffCpuSettings};
 pub use load::Sampler;
+pub use rates::{Overhead, SamplingRates};
 pub use unwind_maps::UnwindMaps;
 #[cfg(fuzzing)]
 pub use btf::Btf;

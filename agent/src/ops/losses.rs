@@ -25,6 +25,7 @@ pub fn report(losses: Losses) {
             counter::NET_EVENTS | counter::OFF_CPU_BLOCKS | counter::IDLE | counter::FILTERED | counter::OFF_CPU_OUT_OF_RANGE => {
                 ("ember_events_total", Some("event"))
             }
+            counter::RUN_NS.. => continue, // a cost, not an event: the governor reports it
             counter::UNWIND_NO_PROCESS.. => ("ember_user_stacks_total", Some("walk")),
             _ => ("ember_lost_total", Some("reason")),
         };

@@ -10,7 +10,10 @@ use super::{
     relabel::Labels,
     targets::Targets,
 };
-use crate::{kernel::RawInterval, ops::losses::Losses};
+use crate::{
+    kernel::{Overhead, RawInterval, SamplingRates},
+    ops::losses::Losses,
+};
 
 /// A frame position that holds no address: why a stack is missing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -84,6 +87,10 @@ pub struct ResolvedInterval {
     pub end: Option<SystemTime>,
     pub samples: Vec<ResolvedSample>,
     pub counters: [u64; counter::COUNT as usize],
+    /// The rates the interval was sampled at (the first one's, after `merge`).
+    pub rates: SamplingRates,
+    /// What profiling cost over the interval, when a CPU budget governs it.
+    pub overhead: Option<Overhead>,
     /// Events of targets that relabel rules dropped.
     pub relabel_dropped: u64,
     /// Processes that exited before their mappings could be read (their frames unnamed).
@@ -145,7 +152,16 @@ pub fn resolve(raw: RawInterval, procs: &mut ProcessTable, targets: &mut Targets
             })
         })
         .collect();
-    ResolvedInterval { start: raw.start, end: raw.end, samples, counters: raw.counters, relabel_dropped, processes_unread: 0 }
+    ResolvedInterval {
+        start: raw.start,
+        end: raw.end,
+        samples,
+        counters: raw.counters,
+        rates: raw.rates,
+        overhead: None,
+        relabel_dropped,
+        processes_unread: 0,
+    }
 }
 
 fn c_string(bytes: &[u8]) -> String {

@@ -102,6 +102,11 @@ impl Resolver {
     }
 
     /// Detaches the programs, so that the next drain is the last and complete.
+    /// The programs' rates and run times, for the overhead governor.
+    pub fn sampler(&mut self) -> &mut Sampler {
+        &mut self.sampler
+    }
+
     pub fn stop_programs(&mut self) {
         self.sampler.stop();
     }

@@ -24,6 +24,8 @@ pub struct FileConfig {
     pub frequency: Option<u64>,
     pub event: Option<Event>,
     pub interval: Option<String>,
+    /// "1%" of one core, or "none".
+    pub cpu_budget: Option<String>,
     pub output_dir: Option<PathBuf>,
     pub flamegraphs: Option<bool>,
     pub max_keys: Option<u32>,

@@ -53,6 +53,8 @@ pub struct RunSettings {
     /// The profiles each interval makes, in a fixed order.
     pub kinds: Vec<ProfileKind>,
     pub interval: Duration,
+    /// The CPU budget, a share of one core, if the governor is on.
+    pub cpu_budget: Option<f64>,
     /// Local files, if any: the directory, and whether to add folded stacks and SVG.
     pub files: Option<(PathBuf, bool)>,
     pub ship: Option<ShipSettings>,
@@ -81,7 +83,9 @@ impl RunSettings {
         };
         let interval = parse_duration(args.interval.as_deref().or(file.interval.as_deref()).unwrap_or(DEFAULT_INTERVAL))?;
         ensure!(INTERVALS.contains(&interval), "interval {interval:?} is out of range: use 1s to 1h");
-        let kernel = kernel_settings(&args.sampling, &file, DEFAULT_RUN_FREQUENCY)?;
+        let mut kernel = kernel_settings(&args.sampling, &file, DEFAULT_RUN_FREQUENCY)?;
+        let cpu_budget = args.cpu_budget.as_deref().or(file.cpu_budget.as_deref()).map(parse_cpu_budget).transpose()?.flatten();
+        kernel.measure_run_time = cpu_budget.is_some();
         let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
         let ship = ship_settings(args, &file, &hostname)?;
         // Agents that ship profiles keep local files only when asked to.
@@ -92,6 +96,7 @@ impl RunSettings {
             kinds: profile_kinds(&kernel),
             kernel,
             interval,
+            cpu_budget,
             files: dir.map(|dir| (dir, flamegraphs)),
             ship,
             http: args.http.or(file.http),
@@ -131,6 +136,19 @@ fn symbol_settings(args: &SymbolArgs, file: &FileConfig) -> Result<SymbolSetting
     let budget = args.debug_info_mib.or(file.debug_info_mib).unwrap_or(DEFAULT_DEBUG_INFO_MIB);
     ensure!(budget > 0.0 && budget <= 65536.0, "debug_info_mib {budget} is out of range (above 0, at most 65536)");
     Ok(SymbolSettings { debug_dirs, debuginfod, debug_info_budget: (budget * (1 << 20) as f64) as u64 })
+}
+
+/// "1%", "0.5%" or "none": a share of one core, from 0.01% to 400%.
+fn parse_cpu_budget(text: &str) -> Result<Option<f64>> {
+    if text == "none" {
+        return Ok(None);
+    }
+    let percent: f64 = text
+        .strip_suffix('%')
+        .and_then(|n| n.trim().parse().ok())
+        .with_context(|| format!("invalid cpu_budget {text:?}: expected a share of one core such as \"1%\", or \"none\""))?;
+    ensure!((0.01..=400.0).contains(&percent), "cpu_budget {text:?} is out of range: use 0.01% to 400% of one core");
+    Ok(Some(percent / 100.0))
 }
 
 /// systemd's cache directory (CacheDirectory=), else the user's.
@@ -184,6 +202,7 @@ fn kernel_settings(args: &SamplingArgs, file: &FileConfig, default_frequency: u6
         unwind_rows: unwind_rows(args.unwind_table_mib.or(file.unwind_table_mib).unwrap_or(DEFAULT_UNWIND_TABLE_MIB))?,
         pids: if args.pids.is_empty() { file.pids.clone().unwrap_or_default() } else { args.pids.clone() },
         cgroup_id: cgroup.as_deref().map(cgroup_id).transpose()?,
+        measure_run_time: false,
     })
 }
 
@@ -365,5 +384,16 @@ mod tests {
         assert_eq!(pod_source("in-cluster").unwrap(), Some(Source::InCluster));
         assert_eq!(pod_source("http://127.0.0.1:8001").unwrap(), Some(Source::Url("http://127.0.0.1:8001".into())));
         assert!(pod_source("kube.local").unwrap_err().to_string().contains("use auto, off"));
+    }
+
+    #[test]
+    fn cpu_budgets_are_shares_of_one_core_with_one_line_errors() {
+        assert_eq!(parse_cpu_budget("1%").unwrap(), Some(0.01));
+        assert_eq!(parse_cpu_budget("0.5 %").unwrap(), Some(0.005));
+        assert_eq!(parse_cpu_budget("none").unwrap(), None);
+        for bad in ["1", "0%", "500%", "one%"] {
+            let error = parse_cpu_budget(bad).unwrap_err().to_string();
+            assert!(error.contains("cpu_budget") && !error.contains('\n'), "{bad}: {error}");
+        }
     }
 }

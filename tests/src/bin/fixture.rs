@@ -16,6 +16,9 @@
 //! - `sleepers`: ARGS[0] threads `sleeper`, each looping on nanosleep(10 ms). Prints nothing.
 //! - `half`: thread `half_busy` alternates 10 ms of CPU and 10 ms of sleep. Prints
 //!   "<tid> <wall ns> <cpu ns>".
+//! - `pingpong`: two `ping_pong` threads hand a turn to each other through pipes, each busy
+//!   ARGS[0] microseconds (default 20) per turn: a context switch at every hand-over. Prints
+//!   each thread's "<tid> <wall ns> <cpu ns> <turns>".
 //! - `tcp-recv`: accepts one connection on ARGS[0] (addr:port), reads until EOF (pausing
 //!   ARGS[1] microseconds after each read of up to 64 KiB, if given). Prints bytes.
 //! - `tcp-send`: connects to ARGS[0], sends ARGS[1] bytes from `send_all`, closes. Prints
@@ -111,6 +114,32 @@ fn writer(fd: i32, deadline: Instant) {
         raw_syscall(libc::SYS_nanosleep, &five_ms as *const _ as u64, 0, 0);
     }
     unsafe { libc::close(fd) };
+}
+
+/// One side of a ping-pong: busy `busy` long, hand the turn over, block until it comes back.
+/// Prints "<tid> <wall ns> <cpu ns> <turns>". Ends when either side's deadline passes (a
+/// closed pipe ends the other side).
+#[inline(never)]
+fn ping_pong(turn_in: i32, turn_out: i32, busy: Duration, deadline: Instant) -> String {
+    let start = Instant::now();
+    let (mut byte, mut turns) = ([0u8; 1], 0u64);
+    while Instant::now() < deadline {
+        let busy_until = Instant::now() + busy;
+        while Instant::now() < busy_until {
+            black_box(burn(100));
+        }
+        turns += 1;
+        if raw_syscall(libc::SYS_write, turn_out as u64, b"x".as_ptr() as u64, 1) != 1
+            || raw_syscall(libc::SYS_read, turn_in as u64, byte.as_mut_ptr() as u64, 1) != 1
+        {
+            break;
+        }
+    }
+    unsafe { libc::close(turn_out) };
+    let mut cpu = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut cpu) };
+    let cpu_ns = cpu.tv_sec as u128 * 1_000_000_000 + cpu.tv_nsec as u128;
+    format!("{} {} {cpu_ns} {turns}", gettid(), start.elapsed().as_nanos())
 }
 
 #[inline(never)]
@@ -210,6 +239,21 @@ fn main() {
             let count: usize = rest[0].parse().expect("sleepers THREADS");
             let threads: Vec<_> = (0..count).map(|_| std::thread::spawn(move || sleeper(deadline))).collect();
             threads.into_iter().for_each(|t| drop(t.join().unwrap()));
+        }
+        "pingpong" => {
+            // Two threads hand a turn back and forth through pipes: a context switch at every
+            // hand-over, tens of thousands a second.
+            let busy = Duration::from_micros(rest.first().map_or(20, |us| us.parse().expect("pingpong BUSY_US")));
+            let pipe = || {
+                let mut fds = [0i32; 2];
+                assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+                (fds[0], fds[1])
+            };
+            let ((a_in, b_out), (b_in, a_out)) = (pipe(), pipe());
+            let a = std::thread::spawn(move || ping_pong(a_in, a_out, busy, deadline));
+            let b = std::thread::spawn(move || ping_pong(b_in, b_out, busy, deadline));
+            println!("{}", a.join().unwrap());
+            println!("{}", b.join().unwrap());
         }
         "half" => println!("{}", std::thread::spawn(move || half_busy(deadline)).join().unwrap()),
         "tcp-recv" => {

@@ -1,7 +1,8 @@
-//! `ember-bench oncpu | offcpu | net | transport | unwind | jit | soak`, run by `cargo xtask bench` after
+//! `ember-bench oncpu | offcpu | governor | net | transport | unwind | jit | soak`, run by `cargo xtask bench` after
 //! the release build: Ember and its peers on the same workload, in one command, measured the same way from
 //! /proc: CPU over a steady-state window, peak RSS, and (with kernel.bpf_stats_enabled) the run
 //! time of each profiler's BPF programs and the memory of its maps.
+mod governor;
 mod jit;
 mod net;
 mod offcpu;
@@ -18,13 +19,13 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
-use ember_tests::usage::{bpf_usage, cpu_ns, status_kib, BpfUsage};
+use ember_tests::usage::{bpf_usage, cpu_ns, status_kib, BpfStatsEnabled, BpfUsage};
 
 #[derive(clap::Parser)]
 #[command(name = "cargo xtask bench")]
 struct BenchArgs {
     /// Which benchmark.
-    #[arg(value_parser = ["oncpu", "offcpu", "net", "transport", "unwind", "jit", "soak"])]
+    #[arg(value_parser = ["oncpu", "offcpu", "governor", "net", "transport", "unwind", "jit", "soak"])]
     which: String,
     /// Length of the measured window per run (soak: 600 for the ten minutes its goal is about).
     #[arg(long, default_value_t = 20)]
@@ -54,6 +55,7 @@ fn bench(args: BenchArgs) -> Result<()> {
     match args.which.as_str() {
         "oncpu" => oncpu::run(args.seconds, &args.frequencies, args.no_frame_pointers, args.debug_binary),
         "offcpu" => offcpu::run(args.seconds),
+        "governor" => governor::run(args.seconds),
         "net" => net::run(args.seconds),
         "transport" => transport::run(),
         "unwind" => unwind::run(),
@@ -139,6 +141,12 @@ impl Snapshot {
         self.bpf.prog_runs.saturating_sub(before.bpf.prog_runs)
     }
 
+    /// CPU plus BPF run time between two snapshots, as a share of one core.
+    pub fn overhead_since(&self, before: &Snapshot, seconds: f64) -> f64 {
+        let ns = (self.cpu_ns - before.cpu_ns) + self.bpf.prog_run_ns.saturating_sub(before.bpf.prog_run_ns);
+        ns as f64 / 1e9 / seconds
+    }
+
     pub fn cpu_percent_since(&self, before: &Snapshot, seconds: f64) -> f64 {
         (self.cpu_ns - before.cpu_ns) as f64 / 1e9 / seconds * 100.0
     }
@@ -148,21 +156,3 @@ impl Snapshot {
     }
 }
 
-/// Turns on BPF run-time accounting for the benchmark and restores the old value after.
-struct BpfStatsEnabled(String);
-
-const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
-
-impl BpfStatsEnabled {
-    fn enable() -> Result<BpfStatsEnabled> {
-        let old = fs::read_to_string(BPF_STATS).context("reading kernel.bpf_stats_enabled")?;
-        fs::write(BPF_STATS, "1").context("enabling kernel.bpf_stats_enabled (needs root)")?;
-        Ok(BpfStatsEnabled(old))
-    }
-}
-
-impl Drop for BpfStatsEnabled {
-    fn drop(&mut self) {
-        let _ = fs::write(BPF_STATS, self.0.trim());
-    }
-}

@@ -1,0 +1,256 @@
+//! The overhead governor: keeps what profiling costs (the agent's CPU plus its BPF programs'
+//! run time) within a budget, a share of one core. Once per interval it measures what each
+//! source (on-CPU sampling, off-CPU tracking, network events) cost in the runs that recorded
+//! something, the part its rate scales; the rest (the agent's own CPU, runs that recorded
+//! nothing) is fixed as far as rates go. Over budget, it cuts the dearest sources first, down
+//! to an equal share of what the fixed part leaves; with room to spare it raises them back.
+//! It only changes rates: every sample keeps counting for what it stands for.
+use std::time::Instant;
+
+use agent_common::counter;
+use anyhow::Result;
+
+use crate::{
+    kernel::{Overhead, Sampler, SamplingRates},
+    ops::metrics,
+    resolve::ResolvedInterval,
+};
+
+/// Rates never fall below 1/MAX_CUT of the configured ones (1 Hz at least).
+const MAX_CUT: f64 = 10_000.0;
+/// Above CUT of the budget, cut to TARGET of it; raise rates only below LOW of it, by at most
+/// RAISE an interval, and never past TARGET. The margin under the budget covers what the
+/// programs' own clock misses (some 10% of their run time as the kernel accounts it) and
+/// the drift of costs within an interval.
+const CUT: f64 = 0.9;
+const TARGET: f64 = 0.7;
+const LOW: f64 = 0.5;
+const RAISE: f64 = 4.0;
+/// The fixed part is judged on the median of the last few intervals: a burst of new
+/// processes is no reason to cut rates, which cannot lower it.
+const FIXED_HISTORY: usize = 3;
+/// Intervals that set no rates: the agent reads every process, then names their binaries.
+const WARM_UP: u32 = 2;
+
+/// The governor of one running agent.
+pub struct Governor {
+    budget: f64,
+    /// The configured rates: the most the governor allows.
+    base: SamplingRates,
+    /// Whether the on-CPU frequency may change: only clock events' samples carry their time.
+    frequency_governed: bool,
+    /// Each source's share of its configured rate, in [1/MAX_CUT, 1].
+    levels: [f64; 3],
+    /// When the last interval was measured, and the agent's CPU time then (ns).
+    last: (Instant, u64),
+    /// The fixed part of the last intervals, newest last.
+    fixed: Vec<f64>,
+    over_budget: bool,
+    /// Intervals measured so far: the first WARM_UP pay for reading every process and naming
+    /// its binaries once, and set no rates.
+    measured: u32,
+}
+
+impl Governor {
+    /// `budget`: a share of one core (0.01 is 1%). The programs must time themselves
+    /// (`KernelSettings::measure_run_time`).
+    pub fn start(budget: f64, base: SamplingRates, frequency_governed: bool) -> Governor {
+        metrics::set("ember_cpu_budget_ratio", &[], budget);
+        Governor {
+            budget,
+            base,
+            frequency_governed,
+            levels: [1.0; 3],
+            last: (Instant::now(), process_cpu_ns()),
+            fixed: Vec::new(),
+            over_budget: false,
+            measured: 0,
+        }
+    }
+
+    /// Measures the interval just drained, notes its cost in it, and sets the next
+    /// interval's rates.
+    pub fn govern(&mut self, sampler: &mut Sampler, interval: &mut ResolvedInterval) -> Result<()> {
+        let bpf_ns = [0, 1, 2].map(|source| interval.counter(counter::RUN_NS + source));
+        let (overhead, rates) = self.observe(bpf_ns, interval.counter(counter::RUN_NS_SKIPPED));
+        interval.overhead = Some(overhead);
+        if let Some(rates) = rates {
+            tracing::info!(
+                cost = format!("{:.2}%", overhead.total() * 100.0), frequency = rates.frequency,
+                off_cpu_ratio = rates.off_cpu_ratio, net_ratio = rates.net_ratio, "sampling rates changed for the CPU budget"
+            );
+            sampler.set_rates(rates)?;
+            publish(rates);
+        }
+        Ok(())
+    }
+
+    /// Measures the interval that just ended: `bpf_ns` is what each source's programs ran
+    /// when they recorded something, `skipped_ns` what all ran when they did not. Returns the
+    /// interval's overhead and the rates for the next interval, if they change.
+    fn observe(&mut self, bpf_ns: [u64; 3], skipped_ns: u64) -> (Overhead, Option<SamplingRates>) {
+        let now = (Instant::now(), process_cpu_ns());
+        let wall = now.0.duration_since(self.last.0).as_nanos().max(1) as f64;
+        let costs = bpf_ns.map(|ns| ns as f64 / wall);
+        let agent = now.1.saturating_sub(self.last.1) as f64 / wall;
+        let skipped = skipped_ns as f64 / wall;
+        let overhead = Overhead { budget: self.budget, agent, bpf: costs.iter().sum::<f64>() + skipped };
+        self.last = now;
+        metrics::set("ember_overhead_ratio", &[("part", "agent")], overhead.agent);
+        metrics::set("ember_overhead_ratio", &[("part", "bpf")], overhead.bpf);
+
+        self.measured += 1;
+        if self.measured <= WARM_UP {
+            return (overhead, None);
+        }
+        let fixed = agent + skipped;
+        if self.fixed.len() == FIXED_HISTORY {
+            self.fixed.remove(0);
+        }
+        self.fixed.push(fixed);
+        let mut sorted = self.fixed.clone();
+        sorted.sort_by(f64::total_cmp);
+        let steady_fixed = sorted[sorted.len() / 2];
+        let before = self.rates();
+        self.levels = next_levels(self.levels, costs, steady_fixed, overhead.total(), self.budget, self.frequency_governed);
+        let after = self.rates();
+        let at_floor = self.levels.iter().zip(costs).all(|(level, cost)| cost == 0.0 || *level <= 1.0 / MAX_CUT);
+        let over = overhead.total() > self.budget && (at_floor || steady_fixed >= self.budget);
+        if over != self.over_budget {
+            self.over_budget = over;
+            if over {
+                let percent = |share: f64| format!("{:.2}%", share * 100.0);
+                tracing::warn!(
+                    cost = percent(overhead.total()), budget = percent(self.budget), agent = percent(agent),
+                    programs_recording_nothing = percent(skipped),
+                    "profiling costs more than the CPU budget even at the lowest rates (off-CPU tracking runs on every context switch)"
+                );
+            }
+        }
+        metrics::set("ember_over_cpu_budget", &[], f64::from(u8::from(over)));
+        (overhead, (after != before).then_some(after))
+    }
+
+    /// The rates the levels stand for.
+    pub fn rates(&self) -> SamplingRates {
+        let ratio = |base: u32, level: f64| ((f64::from(base.max(1)) / level).ceil() as u32).max(1);
+        SamplingRates {
+            frequency: if self.frequency_governed {
+                ((self.base.frequency as f64 * self.levels[0]).round() as u64).max(1)
+            } else {
+                self.base.frequency
+            },
+            off_cpu_ratio: ratio(self.base.off_cpu_ratio, self.levels[1]),
+            net_ratio: ratio(self.base.net_ratio, self.levels[2]),
+        }
+    }
+}
+
+/// The rates in force, as metrics.
+pub fn publish(rates: SamplingRates) {
+    metrics::set("ember_sampling_frequency_hz", &[], rates.frequency as f64);
+    metrics::set("ember_sampling_ratio", &[("source", "off_cpu")], f64::from(rates.off_cpu_ratio));
+    metrics::set("ember_sampling_ratio", &[("source", "net")], f64::from(rates.net_ratio));
+}
+
+/// The levels for the next interval. Each source's cost is taken as proportional to its
+/// level, so its cost at full rate is `cost / level`. The room TARGET of the budget leaves
+/// beside `fixed` is shared by water filling: sources whose full cost fits an equal share
+/// keep it, the dearer ones are capped at an equal share of the rest. Above CUT of the
+/// budget (`total`), the levels go to that share at once; well under it, they rise towards it by at most
+/// RAISE a time (a cost measured at a low rate is a rough guide); in between they stay.
+fn next_levels(levels: [f64; 3], costs: [f64; 3], fixed: f64, total: f64, budget: f64, frequency_governed: bool) -> [f64; 3] {
+    let governed = |i: usize| (i != 0 || frequency_governed) && costs[i] > 0.0;
+    let full = std::array::from_fn::<f64, 3, _>(|i| costs[i] / levels[i]);
+    let mut room = (TARGET * budget - fixed - (0..3).filter(|&i| !governed(i)).map(|i| costs[i]).sum::<f64>()).max(0.0);
+    let mut dear: Vec<usize> = (0..3).filter(|&i| governed(i)).collect();
+    dear.sort_by(|&a, &b| full[a].total_cmp(&full[b]));
+    while let Some(&cheapest) = dear.first() {
+        if full[cheapest] * dear.len() as f64 > room {
+            break;
+        }
+        room -= full[cheapest];
+        dear.remove(0);
+    }
+    let cap = room / dear.len().max(1) as f64;
+    let mut next = levels;
+    // A cut source that recorded nothing costs nothing: it goes back up when there is room.
+    for i in (0..3).filter(|&i| (i != 0 || frequency_governed) && costs[i] == 0.0 && total < LOW * budget) {
+        next[i] = (levels[i] * RAISE).min(1.0);
+    }
+    for i in (0..3).filter(|&i| governed(i)) {
+        let share = if dear.contains(&i) { (cap / full[i]).clamp(1.0 / MAX_CUT, 1.0) } else { 1.0 };
+        if total > CUT * budget {
+            next[i] = share.min(levels[i]);
+        } else if total < LOW * budget {
+            next[i] = share.min(levels[i] * RAISE).max(levels[i]);
+        }
+    }
+    next
+}
+
+/// CPU time of every thread of the agent, in ns.
+fn process_cpu_ns() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BUDGET: f64 = 0.01;
+
+    /// `next_levels` with the total the costs and the fixed part add up to.
+    fn next(levels: [f64; 3], costs: [f64; 3], fixed: f64, frequency_governed: bool) -> [f64; 3] {
+        next_levels(levels, costs, fixed, fixed + costs.iter().sum::<f64>(), BUDGET, frequency_governed)
+    }
+
+    #[test]
+    fn over_budget_the_dearest_source_is_cut_first_and_the_cheap_one_kept() {
+        // On-CPU costs 0.3%, off-CPU 4%: of the 0.7% target, on-CPU keeps its 0.3%, off-CPU
+        // gets the remaining 0.4%, a tenth of its cost.
+        let levels = next([1.0; 3], [0.003, 0.04, 0.0], 0.0, true);
+        assert_eq!(levels[0], 1.0);
+        assert!((levels[1] - 0.1).abs() < 1e-9, "{levels:?}");
+        assert_eq!(levels[2], 1.0);
+    }
+
+    #[test]
+    fn sources_dearer_than_an_equal_share_share_the_room_equally() {
+        // Full costs 2% and 4% (at level 0.5); room 0.7% - 0.1% fixed - 0.1% net: 0.25% each.
+        let levels = next([1.0, 0.5, 1.0], [0.02, 0.02, 0.001], 0.001, true);
+        assert!((levels[0] - 0.125).abs() < 1e-9 && (levels[1] - 0.0625).abs() < 1e-9, "{levels:?}");
+        assert_eq!(levels[2], 1.0);
+    }
+
+    #[test]
+    fn a_fixed_frequency_is_never_cut_and_the_others_make_room_for_it() {
+        let levels = next([1.0; 3], [0.006, 0.01, 0.0], 0.0, false);
+        assert_eq!(levels[0], 1.0);
+        assert!((levels[1] - 0.1).abs() < 1e-9, "{levels:?}");
+    }
+
+    #[test]
+    fn with_no_room_beside_the_fixed_part_every_source_goes_to_the_floor() {
+        assert_eq!(next([1.0; 3], [0.5, 0.5, 0.5], 0.02, true), [1.0 / MAX_CUT; 3]);
+    }
+
+    #[test]
+    fn well_under_budget_levels_rise_by_at_most_raise_and_never_past_the_target() {
+        // On-CPU at 1% of its rate costs 0.01%: its full cost, 1%, does not fit the 0.7%
+        // target; it rises by RAISE. At 40% (full cost 1%) it rises to 70%, not beyond.
+        let levels = next([0.01, 0.1, 1.0], [0.0001, 0.0, 0.0], 0.001, true);
+        assert!((levels[0] - 0.01 * RAISE).abs() < 1e-9, "{levels:?}");
+        assert_eq!(levels[1], 0.1 * RAISE, "a source that recorded nothing rises too");
+        let levels = next([0.4, 1.0, 1.0], [0.004, 0.0, 0.0], 0.0, true);
+        assert!((levels[0] - 0.7).abs() < 1e-9, "{levels:?}");
+    }
+
+    #[test]
+    fn between_low_and_cut_nothing_changes() {
+        let levels = [0.5, 0.25, 1.0];
+        assert_eq!(next(levels, [0.003, 0.003, 0.0], 0.001, true), levels);
+    }
+}

@@ -1,0 +1,85 @@
+//! The overhead governor end to end: a switch-heavy workload on the whole host, a tiny CPU
+//! budget, the real programs. What profiling costs, measured from /proc (the agent's threads'
+//! CPU and its programs' run time), stays within the budget once the governor has settled;
+//! the rates came down to get there; and the profiles still add up to the workload's wall
+//! and CPU time. Needs root.
+use std::time::{Duration, Instant};
+
+use ember_tests::{
+    require_root,
+    usage::{bpf_usage, cpu_ns, BpfStatsEnabled},
+    Agent, Decoded, Fixture, TempDir,
+};
+
+const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
+const BUDGET: f64 = 0.01;
+const SECONDS: f64 = 24.0;
+/// Two intervals (2 s) of warm-up, then a few for the governor to bring the cost under the
+/// budget.
+const SETTLE: Duration = Duration::from_secs(10);
+
+/// What the agent has cost so far: its threads' CPU plus its programs' run time, in ns.
+fn spent(pid: u32) -> u64 {
+    cpu_ns(pid) + bpf_usage(pid).prog_run_ns
+}
+
+#[test]
+fn a_tiny_cpu_budget_holds_on_a_switch_heavy_host_and_totals_stay_true() {
+    require_root();
+    // The kernel's accounting of the programs' run time: the test's own measure, apart from
+    // the one the programs take for the governor.
+    let _stats = BpfStatsEnabled::enable().expect("enabling kernel.bpf_stats_enabled");
+    let dir = TempDir::new("governor");
+    let out = dir.path("profiles");
+    // 100 us busy per turn: some 16,000 context switches a second.
+    let mut fixture = Fixture::spawn_with(std::process::Command::new(FIXTURE), "pingpong", SECONDS, &["100"]);
+    let pid = fixture.pid();
+    let args = ["run", "--events", "cpu,offcpu", "-F", "999", "--interval", "2s", "--cpu-budget", "1%"];
+    let mut agent = Agent::spawn(&[&args[..], &["--output-dir", out.to_str().unwrap()]].concat());
+    agent.wait_ready();
+    fixture.start();
+    let started = Instant::now();
+    std::thread::sleep(SETTLE);
+    let (from, spent_from) = (Instant::now(), spent(agent.pid()));
+    std::thread::sleep(Duration::from_secs_f64(SECONDS - 1.0).saturating_sub(started.elapsed()));
+    let overhead = (spent(agent.pid()) - spent_from) as f64 / from.elapsed().as_nanos() as f64;
+    let run = fixture.finish();
+    std::thread::sleep(Duration::from_millis(1500));
+    agent.signal(libc::SIGINT);
+    let stderr = agent.wait_success(Duration::from_secs(30));
+    let mut wall = Decoded::read_kind(&out, "wall");
+    wall.sort_by_key(|p| p.profile.time_nanos);
+    // What the agent measured of itself, interval by interval, for the record.
+    for p in &wall {
+        let field = |key: &str| p.comment_field(key).unwrap_or("-").to_string();
+        println!(
+            "interval at {:.1}s: agent {} bpf {} frequency {} off-CPU ratio {}",
+            (p.profile.time_nanos - wall[0].profile.time_nanos) as f64 / 1e9,
+            field("ember.overhead.agent"), field("ember.overhead.bpf"), field("ember.frequency"), field("ember.off_cpu_ratio")
+        );
+    }
+    println!("measured overhead {:.3}% of a core (budget {:.1}%)", overhead * 100.0, BUDGET * 100.0);
+    assert!(overhead <= BUDGET, "profiling cost {:.3}% of a core, over the {:.1}% budget:\n{stderr}", overhead * 100.0, BUDGET * 100.0);
+
+    // The workload is dear to profile unchecked: the governor had to lower the rates.
+    let ratios: Vec<u32> = wall.iter().filter_map(|p| p.comment_field("ember.off_cpu_ratio")?.parse().ok()).collect();
+    assert!(ratios.iter().any(|&r| r > 1), "the off-CPU ratio never came down: {ratios:?}\n{stderr}");
+    assert!(wall.iter().all(|p| p.comment_field("ember.cpu_budget") == Some("0.0100")), "profiles do not carry the budget");
+
+    // Every sample counts for what it stands for: each thread's on- and off-CPU time adds
+    // up to its wall time, and its on-CPU share is the CPU time it used.
+    for line in &run.lines {
+        let (tid, wall_ns, thread_cpu_ns) = (line[0].to_string(), line[1] as f64, line[2] as f64);
+        let samples: Vec<_> = wall.iter().flat_map(|p| p.samples_labelled("tid", &tid)).collect();
+        let on_cpu: Vec<_> = samples.iter().copied().filter(|s| s.labels.get("state").is_some_and(|v| v == "on-cpu")).collect();
+        let (all_ns, on_ns) = (Decoded::sum(&samples, 0) as f64, Decoded::sum(&on_cpu, 0) as f64);
+        let error = (all_ns - wall_ns).abs() / wall_ns;
+        assert!(error <= 0.1, "thread {tid}: profiles add up to {:.2} s, its wall time is {:.2} s", all_ns / 1e9, wall_ns / 1e9);
+        let (share, truth) = (on_ns / all_ns, thread_cpu_ns / wall_ns);
+        assert!((share - truth).abs() <= 0.05, "thread {tid}: on-CPU share {share:.3} in the profiles, {truth:.3} measured");
+    }
+    let cpu = Decoded::read_kind(&out, "cpu");
+    let fixture_ns: i64 = cpu.iter().map(|p| Decoded::sum(&p.samples_of(pid), 1)).sum();
+    let error = (fixture_ns as f64 / 1e9 - run.cpu_seconds).abs() / run.cpu_seconds;
+    assert!(error <= 0.1, "on-CPU profiles hold {:.2} s of the fixture, it used {:.2} s", fixture_ns as f64 / 1e9, run.cpu_seconds);
+}
