@@ -1,5 +1,6 @@
 //! `cargo xtask bench governor`: a switch-heavy workload (the fixture's `pingpong`: two
-//! threads handing a turn to each other through pipes, 20 us busy per turn) profiled on-CPU
+//! threads handing a turn to each other through pipes, `--busy-us` busy per turn: 20 us
+//! makes some 80,000 context switches a second here, 100 us some 16,000) profiled on-CPU
 //! at 999 Hz and off-CPU, by bpftrace (the same two programs, stacks counted in maps), by
 //! Ember without a budget, and by Ember under CPU budgets. Overhead is the profiler's CPU plus
 //! its BPF programs' run time, as a share of one core, over the window after a warm-up long
@@ -26,9 +27,9 @@ struct Row {
 
 /// Runs the workload for `seconds`, calling `during` once it runs; returns turns per second
 /// (both threads together).
-fn pingpong(seconds: f64, during: impl FnOnce() -> Result<Option<f64>>) -> Result<(f64, Option<f64>)> {
+fn pingpong(seconds: f64, busy_us: u64, during: impl FnOnce() -> Result<Option<f64>>) -> Result<(f64, Option<f64>)> {
     let child = Command::new(release_bin("fixture"))
-        .args(["pingpong", &seconds.to_string()])
+        .args(["pingpong", &seconds.to_string(), &busy_us.to_string()])
         .stdout(Stdio::piped())
         .spawn()
         .context("starting the fixture")?;
@@ -41,10 +42,13 @@ fn pingpong(seconds: f64, during: impl FnOnce() -> Result<Option<f64>>) -> Resul
     Ok((turns as f64 / seconds, measured?))
 }
 
-pub fn run(seconds: u64) -> Result<()> {
+pub fn run(seconds: u64, busy_us: u64) -> Result<()> {
     let total = (WARM_UP.as_secs() + seconds + 1) as f64;
-    println!("bench governor: fixture pingpong, on-CPU 999 Hz + off-CPU, {}s warm-up + {seconds}s window per run", WARM_UP.as_secs());
-    let (baseline, _) = pingpong(total, || Ok(None))?;
+    println!(
+        "bench governor: fixture pingpong ({busy_us} us a turn), on-CPU 999 Hz + off-CPU, {}s warm-up + {seconds}s window per run",
+        WARM_UP.as_secs()
+    );
+    let (baseline, _) = pingpong(total, busy_us, || Ok(None))?;
     let mut rows = vec![Row { name: "no profiler".into(), budget: None, overhead: None, turns_per_s: baseline }];
 
     let dir = std::env::temp_dir().join(format!("ember-bench-governor-{}", std::process::id()));
@@ -69,7 +73,7 @@ pub fn run(seconds: u64) -> Result<()> {
     for (name, budget, command) in runs {
         let profiler = Profiler::start("profiler", command)?;
         std::thread::sleep(Duration::from_secs(2)); // attached before the workload starts
-        let (turns_per_s, overhead) = pingpong(total, || {
+        let (turns_per_s, overhead) = pingpong(total, busy_us, || {
             std::thread::sleep(WARM_UP);
             let before = profiler.snapshot()?;
             std::thread::sleep(Duration::from_secs(seconds));
@@ -83,7 +87,7 @@ pub fn run(seconds: u64) -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
 
     println!();
-    println!("Command: cargo xtask bench governor --seconds {seconds}");
+    println!("Command: cargo xtask bench governor --seconds {seconds} --busy-us {busy_us}");
     println!("| profiler | overhead (% of a core: CPU + BPF) | vs budget | workload turns/s | vs none |");
     println!("|---|---|---|---|---|");
     for row in rows {

@@ -40,6 +40,9 @@ struct BenchArgs {
     /// costs the agent).
     #[arg(long)]
     debug_binary: bool,
+    /// governor: microseconds each pingpong thread is busy per turn (fewer: more switches).
+    #[arg(long, default_value_t = 20)]
+    busy_us: u64,
 }
 
 fn main() {
@@ -55,7 +58,7 @@ fn bench(args: BenchArgs) -> Result<()> {
     match args.which.as_str() {
         "oncpu" => oncpu::run(args.seconds, &args.frequencies, args.no_frame_pointers, args.debug_binary),
         "offcpu" => offcpu::run(args.seconds),
-        "governor" => governor::run(args.seconds),
+        "governor" => governor::run(args.seconds, args.busy_us),
         "net" => net::run(args.seconds),
         "transport" => transport::run(),
         "unwind" => unwind::run(),
