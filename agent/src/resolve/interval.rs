@@ -100,6 +100,9 @@ pub struct ResolvedInterval {
 impl ResolvedInterval {
     /// Appends a later interval (record drains several times into one profile).
     pub fn merge(&mut self, other: ResolvedInterval) {
+        if self.rates == SamplingRates::default() {
+            self.rates = other.rates;
+        }
         self.start = self.start.min(other.start).or(self.start).or(other.start);
         self.end = self.end.max(other.end);
         self.samples.extend(other.samples);
