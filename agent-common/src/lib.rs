@@ -312,15 +312,15 @@ pub mod counter {
     /// User stack walks by how they ended, from here on one counter per `unwind_stop`
     /// reason (index `UNWIND_STOPS + reason`; `END` counts complete stacks).
     pub const UNWIND_STOPS: u32 = 14;
-    /// Nanoseconds the programs ran in runs that recorded something, by source: on-CPU,
-    /// off-CPU, network (index `RUN_NS + source`); then (`RUN_NS + 3`) in runs that recorded
-    /// nothing (sampled out, filtered, idle): the cost no sampling rate lowers. Measured by the
-    /// programs themselves while `MEASURE_RUN_TIME` is set (under a CPU budget): the kernel's
-    /// own accounting needs CAP_SYS_ADMIN.
+    /// What the programs cost, measured by themselves while `MEASURE_RUN_TIME` is set (under
+    /// a CPU budget), by source (`run::ON_CPU`, `run::OFF_CPU`, `run::NET`), at index
+    /// `RUN_NS + run::SLOTS * source + slot`, the nanoseconds and number of runs that recorded
+    /// something (the part a sampling rate scales) and of runs that recorded nothing (sampled
+    /// out, filtered, idle: the part no rate lowers). A program's own clock misses what the
+    /// kernel spends to enter and leave it; the run counts let the agent add that.
     pub const RUN_NS: u32 = UNWIND_STOPS + super::unwind_stop::COUNT;
-    pub const RUN_NS_SKIPPED: u32 = RUN_NS + 3;
     /// Number of counters.
-    pub const COUNT: u32 = RUN_NS + 4;
+    pub const COUNT: u32 = RUN_NS + super::run::SLOTS * super::run::SOURCES;
 
     /// Each counter's name, as profile comments (`ember.counter.<name>=<value>`) and the
     /// agent's metrics and logs call it.
@@ -346,11 +346,34 @@ pub mod counter {
         (UNWIND_STOPS + 4, "unwind_stop_unsupported"),
         (UNWIND_STOPS + 5, "unwind_stop_signal"),
         (UNWIND_STOPS + 6, "unwind_stop_bad_frame"),
-        (RUN_NS, "bpf_run_ns_on_cpu"),
-        (RUN_NS + 1, "bpf_run_ns_off_cpu"),
-        (RUN_NS + 2, "bpf_run_ns_net"),
-        (RUN_NS_SKIPPED, "bpf_run_ns_skipped"),
+        (RUN_NS + 0, "bpf_run_ns_on_cpu"),
+        (RUN_NS + 1, "bpf_runs_on_cpu"),
+        (RUN_NS + 2, "bpf_run_ns_skipped_on_cpu"),
+        (RUN_NS + 3, "bpf_runs_skipped_on_cpu"),
+        (RUN_NS + 4, "bpf_run_ns_off_cpu"),
+        (RUN_NS + 5, "bpf_runs_off_cpu"),
+        (RUN_NS + 6, "bpf_run_ns_skipped_off_cpu"),
+        (RUN_NS + 7, "bpf_runs_skipped_off_cpu"),
+        (RUN_NS + 8, "bpf_run_ns_net"),
+        (RUN_NS + 9, "bpf_runs_net"),
+        (RUN_NS + 10, "bpf_run_ns_skipped_net"),
+        (RUN_NS + 11, "bpf_runs_skipped_net"),
     ];
+}
+
+/// The programs' own run-time counters (`counter::RUN_NS`): sources, and slots per source.
+pub mod run {
+    pub const ON_CPU: u32 = 0;
+    pub const OFF_CPU: u32 = 1;
+    pub const NET: u32 = 2;
+    pub const SOURCES: u32 = 3;
+    /// Slots of a source: nanoseconds and runs that recorded something, then nanoseconds
+    /// and runs that recorded nothing.
+    pub const RECORDED_NS: u32 = 0;
+    pub const RECORDED_RUNS: u32 = 1;
+    pub const SKIPPED_NS: u32 = 2;
+    pub const SKIPPED_RUNS: u32 = 3;
+    pub const SLOTS: u32 = 4;
 }
 
 /// Sent through the ring buffer the first time a process is sampled (and again after it

@@ -10,7 +10,7 @@
 mod walk;
 
 use agent_common::{
-    attribution, block_state, counter, kind, stack_status, FieldLayout, OffCpuStart, ProcessEvent, Rates, SampleKey,
+    attribution, block_state, counter, kind, run, stack_status, FieldLayout, OffCpuStart, ProcessEvent, Rates, SampleKey,
     SampleValue, SocketOwner, SwitchLayout, UserStack, COMM_LEN, IFNAMSIZ,
 };
 use aya_ebpf::{
@@ -85,7 +85,7 @@ static OFF_CPU_STATES: u32 = block_state::PREEMPTED | block_state::SLEEPING | bl
 static OFF_CPU_MIN_NS: u64 = 0;
 #[no_mangle]
 static OFF_CPU_MAX_NS: u64 = u64::MAX;
-/// Non-zero: each program adds its run time to the set's `counter::RUN_NS` counters.
+/// Non-zero: each program counts its runs and their time in the set's `counter::RUN_NS` counters.
 #[no_mangle]
 static MEASURE_RUN_TIME: u8 = 0;
 #[no_mangle]
@@ -170,13 +170,16 @@ fn run_started() -> u64 {
     }
 }
 
-/// Adds the time since `start` (from `run_started`) to the set's run time of `source`, or to
-/// that of runs that recorded nothing.
+/// Counts a run of `source` and the time since `start` (from `run_started`), apart as it
+/// recorded something or not.
 #[inline(always)]
 fn run_ended(set: &BufferSet, source: u32, start: u64, recorded: bool) {
     if start != 0 {
-        let index = if recorded { counter::RUN_NS + source } else { counter::RUN_NS_SKIPPED };
+        let slot = if recorded { run::RECORDED_NS } else { run::SKIPPED_NS };
+        let index = counter::RUN_NS + run::SLOTS * source + slot;
         add(set.counters, index, unsafe { bpf_ktime_get_ns() }.saturating_sub(start));
+        // The run count sits next to its time.
+        bump(set.counters, index + 1);
     }
 }
 
@@ -273,7 +276,7 @@ pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
     let start = run_started();
     let set = active_set();
     let recorded = sample(&ctx, &set);
-    run_ended(&set, 0, start, recorded);
+    run_ended(&set, run::ON_CPU, start, recorded);
     0
 }
 
@@ -349,7 +352,7 @@ pub fn sched_switch(ctx: TracePointContext) -> u32 {
     }
     // `now` is this run's start.
     if config(&MEASURE_RUN_TIME) != 0 {
-        run_ended(&set, 1, now, recorded);
+        run_ended(&set, run::OFF_CPU, now, recorded);
     }
     0
 }
@@ -406,7 +409,7 @@ fn record_net(ctx: &TracePointContext, event_kind: u8) -> u32 {
     let set = active_set();
     let ratio = rates().net_ratio.max(1);
     let recorded = !sampled_out(ratio) && record_net_event(ctx, event_kind, &set, ratio);
-    run_ended(&set, 2, start, recorded);
+    run_ended(&set, run::NET, start, recorded);
     0
 }
 
@@ -473,7 +476,7 @@ pub fn sock_send_length(ctx: TracePointContext) -> u32 {
     let start = run_started();
     let set = active_set();
     let recorded = remember_sender(&ctx, &set);
-    run_ended(&set, 2, start, recorded);
+    run_ended(&set, run::NET, start, recorded);
     0
 }
 

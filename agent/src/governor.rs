@@ -7,11 +7,11 @@
 //! It only changes rates: every sample keeps counting for what it stands for.
 use std::time::Instant;
 
-use agent_common::counter;
+use agent_common::{counter, run};
 use anyhow::Result;
 
 use crate::{
-    kernel::{Overhead, Sampler, SamplingRates},
+    kernel::{Overhead, ProgramCost, Sampler, SamplingRates},
     ops::metrics,
     resolve::ResolvedInterval,
 };
@@ -19,9 +19,8 @@ use crate::{
 /// Rates never fall below 1/MAX_CUT of the configured ones (1 Hz at least).
 const MAX_CUT: f64 = 10_000.0;
 /// Above CUT of the budget, cut to TARGET of it; raise rates only below LOW of it, by at most
-/// RAISE an interval, and never past TARGET. The margin under the budget covers what the
-/// programs' own clock misses (some 10% of their run time as the kernel accounts it) and
-/// the drift of costs within an interval.
+/// RAISE an interval, and never past TARGET. The margin under the budget covers the drift of
+/// costs within an interval.
 const CUT: f64 = 0.9;
 const TARGET: f64 = 0.7;
 const LOW: f64 = 0.5;
@@ -31,6 +30,22 @@ const RAISE: f64 = 4.0;
 const FIXED_HISTORY: usize = 3;
 /// Intervals that set no rates: the agent reads every process, then names their binaries.
 const WARM_UP: u32 = 2;
+/// What a program run costs beyond what its own clock shows (entering and leaving it, the
+/// clock reads), when the kernel's accounting is off. Measured on this VM kind at some 270 ns
+/// a run (with the accounting on), where a switch-heavy host's runs record nothing in 200:
+/// there it is most of the cost. Lower on bare metal, where it only makes the governor careful.
+const ASSUMED_MISS_NS: f64 = 250.0;
+/// The weight of the past in the measured miss, per interval.
+const MISS_MEMORY: f64 = 0.8;
+
+/// What one source's programs measured of themselves over an interval.
+#[derive(Clone, Copy, Debug, Default)]
+struct SourceRuns {
+    recorded_ns: u64,
+    recorded: u64,
+    skipped_ns: u64,
+    skipped: u64,
+}
 
 /// The governor of one running agent.
 pub struct Governor {
@@ -45,6 +60,11 @@ pub struct Governor {
     last: (Instant, u64),
     /// The fixed part of the last intervals, newest last.
     fixed: Vec<f64>,
+    /// The kernel's accounting at the last interval, if it is on.
+    kernel: Option<ProgramCost>,
+    /// What the kernel accounted beyond the programs' own clock (ns), and over how many
+    /// runs, with past intervals fading: the miss per run.
+    missed: (f64, f64),
     over_budget: bool,
     /// Intervals measured so far: the first WARM_UP pay for reading every process and naming
     /// its binaries once, and set no rates.
@@ -54,15 +74,17 @@ pub struct Governor {
 impl Governor {
     /// `budget`: a share of one core (0.01 is 1%). The programs must time themselves
     /// (`KernelSettings::measure_run_time`).
-    pub fn start(budget: f64, base: SamplingRates, frequency_governed: bool) -> Governor {
+    pub fn start(budget: f64, sampler: &Sampler, frequency_governed: bool) -> Governor {
         metrics::set("ember_cpu_budget_ratio", &[], budget);
         Governor {
             budget,
-            base,
+            base: sampler.rates(),
             frequency_governed,
             levels: [1.0; 3],
             last: (Instant::now(), process_cpu_ns()),
             fixed: Vec::new(),
+            kernel: sampler.program_cost(),
+            missed: (0.0, 0.0),
             over_budget: false,
             measured: 0,
         }
@@ -71,8 +93,14 @@ impl Governor {
     /// Measures the interval just drained, notes its cost in it, and sets the next
     /// interval's rates.
     pub fn govern(&mut self, sampler: &mut Sampler, interval: &mut ResolvedInterval) -> Result<()> {
-        let bpf_ns = [0, 1, 2].map(|source| interval.counter(counter::RUN_NS + source));
-        let (overhead, rates) = self.observe(bpf_ns, interval.counter(counter::RUN_NS_SKIPPED));
+        let slot = |source: u32, slot: u32| interval.counter(counter::RUN_NS + run::SLOTS * source + slot);
+        let runs = [run::ON_CPU, run::OFF_CPU, run::NET].map(|source| SourceRuns {
+            recorded_ns: slot(source, run::RECORDED_NS),
+            recorded: slot(source, run::RECORDED_RUNS),
+            skipped_ns: slot(source, run::SKIPPED_NS),
+            skipped: slot(source, run::SKIPPED_RUNS),
+        });
+        let (overhead, rates) = self.observe(runs, sampler.program_cost());
         interval.overhead = Some(overhead);
         if let Some(rates) = rates {
             tracing::info!(
@@ -85,15 +113,16 @@ impl Governor {
         Ok(())
     }
 
-    /// Measures the interval that just ended: `bpf_ns` is what each source's programs ran
-    /// when they recorded something, `skipped_ns` what all ran when they did not. Returns the
-    /// interval's overhead and the rates for the next interval, if they change.
-    fn observe(&mut self, bpf_ns: [u64; 3], skipped_ns: u64) -> (Overhead, Option<SamplingRates>) {
+    /// Measures the interval that just ended from what the programs measured of themselves
+    /// and, if it is on, the kernel's accounting so far. Returns the interval's overhead and
+    /// the rates for the next interval, if they change.
+    fn observe(&mut self, runs: [SourceRuns; 3], kernel: Option<ProgramCost>) -> (Overhead, Option<SamplingRates>) {
         let now = (Instant::now(), process_cpu_ns());
         let wall = now.0.duration_since(self.last.0).as_nanos().max(1) as f64;
-        let costs = bpf_ns.map(|ns| ns as f64 / wall);
+        let (miss_ns, other_ns) = self.miss(&runs, kernel);
+        let costs = runs.map(|r| (r.recorded_ns as f64 + r.recorded as f64 * miss_ns) / wall);
         let agent = now.1.saturating_sub(self.last.1) as f64 / wall;
-        let skipped = skipped_ns as f64 / wall;
+        let skipped = (runs.iter().map(|r| r.skipped_ns as f64 + r.skipped as f64 * miss_ns).sum::<f64>() + other_ns) / wall;
         let overhead = Overhead { budget: self.budget, agent, bpf: costs.iter().sum::<f64>() + skipped };
         self.last = now;
         metrics::set("ember_overhead_ratio", &[("part", "agent")], overhead.agent);
@@ -129,6 +158,24 @@ impl Governor {
         }
         metrics::set("ember_over_cpu_budget", &[], f64::from(u8::from(over)));
         (overhead, (after != before).then_some(after))
+    }
+
+    /// What a run costs beyond what the programs' own clock shows (ns), and what the programs
+    /// that do not time themselves cost over the interval (ns). From the kernel's accounting
+    /// when it is on, over the last few intervals (MISS_MEMORY): the programs' counters and
+    /// the kernel's cover slightly different windows. The first interval's counters reach
+    /// back to when the programs were attached, before the governor's first reading.
+    fn miss(&mut self, runs: &[SourceRuns; 3], kernel: Option<ProgramCost>) -> (f64, f64) {
+        let (Some(now), Some(last)) = (kernel, self.kernel) else { return (ASSUMED_MISS_NS, 0.0) };
+        self.kernel = Some(now);
+        let own_ns: u64 = runs.iter().map(|r| r.recorded_ns + r.skipped_ns).sum();
+        if self.measured > 0 {
+            let missed = now.timed_ns.saturating_sub(last.timed_ns) as f64 - own_ns as f64;
+            let runs = now.timed_runs.saturating_sub(last.timed_runs) as f64;
+            self.missed = (self.missed.0 * MISS_MEMORY + missed, self.missed.1 * MISS_MEMORY + runs);
+        }
+        let miss = if self.missed.1 > 0.0 { (self.missed.0 / self.missed.1).max(0.0) } else { ASSUMED_MISS_NS };
+        (miss, now.other_ns.saturating_sub(last.other_ns) as f64)
     }
 
     /// The rates the levels stand for.
@@ -205,6 +252,38 @@ mod tests {
     /// `next_levels` with the total the costs and the fixed part add up to.
     fn next(levels: [f64; 3], costs: [f64; 3], fixed: f64, frequency_governed: bool) -> [f64; 3] {
         next_levels(levels, costs, fixed, fixed + costs.iter().sum::<f64>(), BUDGET, frequency_governed)
+    }
+
+    fn governor(kernel: Option<ProgramCost>) -> Governor {
+        Governor {
+            budget: BUDGET,
+            base: SamplingRates { frequency: 999, off_cpu_ratio: 1, net_ratio: 1 },
+            frequency_governed: true,
+            levels: [1.0; 3],
+            last: (Instant::now(), 0),
+            fixed: Vec::new(),
+            kernel,
+            missed: (0.0, 0.0),
+            over_budget: false,
+            measured: 0,
+        }
+    }
+
+    #[test]
+    fn the_miss_per_run_is_what_the_kernel_accounts_beyond_the_programs_clock() {
+        let cost = |timed_ns, timed_runs, other_ns| Some(ProgramCost { timed_ns, timed_runs, other_ns });
+        let runs = [SourceRuns { recorded_ns: 1_000, recorded: 10, skipped_ns: 9_000, skipped: 90 }, SourceRuns::default(), SourceRuns::default()];
+        let mut g = governor(cost(0, 0, 0));
+        // The first interval's counters reach back before the governor's first reading.
+        assert_eq!(g.miss(&runs, cost(5_000, 100, 7)), (ASSUMED_MISS_NS, 7.0));
+        g.measured = 1;
+        // 30 us accounted over 100 runs the programs timed at 10 us: 200 ns a run.
+        assert_eq!(g.miss(&runs, cost(35_000, 200, 7)), (200.0, 0.0));
+        // It fades: the next interval's 400 ns a run weighs more than the last one's.
+        let (miss, _) = g.miss(&runs, cost(85_000, 300, 7));
+        assert!(miss > 300.0 && miss < 400.0, "{miss}");
+        // Without the kernel's accounting, a run is taken to miss ASSUMED_MISS_NS.
+        assert_eq!(governor(None).miss(&runs, None), (ASSUMED_MISS_NS, 0.0));
     }
 
     #[test]

@@ -46,8 +46,7 @@ pub async fn run(settings: RunSettings) -> Result<()> {
         None => None,
     };
     let mut resolver = Resolver::start(&settings.kernel, Targets::new(pods, settings.relabel))?;
-    let base = resolver.sampler().rates();
-    let mut governor = settings.cpu_budget.map(|budget| Governor::start(budget, base, settings.kernel.event.is_clock()));
+    let mut governor = settings.cpu_budget.map(|budget| Governor::start(budget, resolver.sampler(), settings.kernel.event.is_clock()));
     governor::publish(resolver.sampler().rates());
     health.set_ready();
     let pipeline = Pipeline::spawn(settings.kernel.event, shipping, settings.symbols.clone());

@@ -31,8 +31,11 @@ fn a_tiny_cpu_budget_holds_on_a_switch_heavy_host_and_totals_stay_true() {
     let _stats = BpfStatsEnabled::enable().expect("enabling kernel.bpf_stats_enabled");
     let dir = TempDir::new("governor");
     let out = dir.path("profiles");
-    // 100 us busy per turn: some 16,000 context switches a second.
-    let mut fixture = Fixture::spawn_with(std::process::Command::new(FIXTURE), "pingpong", SECONDS, &["100"]);
+    // 200 us busy per turn: some 9,000 context switches a second. Unchecked, off-CPU tracking
+    // costs twice the budget; at the lowest rates, some 0.45% (the program still runs at
+    // every switch, at 450 ns with the kernel's accounting on). At 100 us that floor is 0.8%,
+    // too near the budget for this VM's noise.
+    let mut fixture = Fixture::spawn_with(std::process::Command::new(FIXTURE), "pingpong", SECONDS, &["200"]);
     let pid = fixture.pid();
     let args = ["run", "--events", "cpu,offcpu", "-F", "999", "--interval", "2s", "--cpu-budget", "1%"];
     let mut agent = Agent::spawn(&[&args[..], &["--output-dir", out.to_str().unwrap()]].concat());

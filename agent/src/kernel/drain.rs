@@ -31,10 +31,19 @@ pub struct RawInterval {
     pub counts: Vec<(SampleKey, SampleValue)>,
     /// Stacks by map and id: off-CPU keys may name the other set's maps.
     pub stacks: HashMap<StackRef, Stack>,
-    /// Summed over CPUs, indexed by `agent_common::counter`.
-    pub counters: [u64; counter::COUNT as usize],
+    pub counters: Counters,
     /// The rates the interval was sampled at.
     pub rates: SamplingRates,
+}
+
+/// The set's counters summed over CPUs, indexed by `agent_common::counter`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counters(pub [u64; counter::COUNT as usize]);
+
+impl Default for Counters {
+    fn default() -> Counters {
+        Counters([0; counter::COUNT as usize])
+    }
 }
 
 impl Sampler {
@@ -83,7 +92,7 @@ impl Sampler {
         for index in 0..counter::COUNT {
             let zero = PerCpuValues::try_from(vec![0u64; self.nr_cpus])?;
             let values = set.counters.get(&index, 0).context("reading counters")?;
-            interval.counters[index as usize] = values.iter().sum();
+            interval.counters.0[index as usize] = values.iter().sum();
             set.counters.set(index, zero, 0).context("clearing counters")?;
         }
         Ok(interval)

@@ -17,6 +17,7 @@ use aya::{
 };
 
 use super::{
+    accounting::RunTimeStats,
     announce::Announcements,
     barrier::ProgramBarrier,
     events::{Event, KernelSettings},
@@ -60,6 +61,8 @@ pub struct Sampler {
     pub(super) sock_owner: Option<BpfHashMap<MapData, u64, SocketOwner>>,
     /// Each set's stacks as read at its last drain, by (user, id).
     pub(super) last_stacks: [HashMap<(bool, u32), Stack>; 2],
+    /// The kernel's accounting of the programs' run time, on under a CPU budget.
+    pub(super) run_time_stats: Option<RunTimeStats>,
 }
 
 impl Sampler {
@@ -189,6 +192,7 @@ impl Sampler {
             off_cpu_start,
             sock_owner,
             last_stacks: Default::default(),
+            run_time_stats: if settings.measure_run_time { RunTimeStats::enable() } else { None },
         };
         Ok((sampler, Announcements::new(process_events)?, unwind_maps))
     }

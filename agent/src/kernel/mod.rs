@@ -1,6 +1,7 @@
 //! Stage 1, the kernel side seen from userspace: checks privileges, discovers tracepoint and
 //! struct layouts, loads and attaches the BPF programs, and drains their double-buffered maps
 //! once per interval. Its only caller is the resolve stage (and `settings`, for validation).
+mod accounting;
 mod announce;
 mod barrier;
 mod batch;
@@ -14,8 +15,9 @@ mod unwind_maps;
 pub mod preflight;
 pub mod tracefs;
 
+pub use accounting::ProgramCost;
 pub use announce::Announcements;
-pub use drain::{RawInterval, Stack};
+pub use drain::{Counters, RawInterval, Stack};
 pub use events::{Event, KernelSettings, NetEvent, OffCpuSettings};
 pub use load::Sampler;
 pub use rates::{Overhead, SamplingRates};

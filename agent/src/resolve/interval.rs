@@ -3,7 +3,7 @@
 //! file offset. Runs right after the drain, while short-lived processes may still exist.
 use std::{collections::HashMap, sync::Arc, time::SystemTime};
 
-use agent_common::{counter, kind, stack_status, unwind_stop, SampleKey, SampleValue};
+use agent_common::{kind, stack_status, unwind_stop, SampleKey, SampleValue};
 
 use super::{
     procs::{ProcessTable, UserAddress},
@@ -11,7 +11,7 @@ use super::{
     targets::Targets,
 };
 use crate::{
-    kernel::{Overhead, RawInterval, SamplingRates},
+    kernel::{Counters, Overhead, RawInterval, SamplingRates},
     ops::losses::Losses,
 };
 
@@ -86,7 +86,7 @@ pub struct ResolvedInterval {
     pub start: Option<SystemTime>,
     pub end: Option<SystemTime>,
     pub samples: Vec<ResolvedSample>,
-    pub counters: [u64; counter::COUNT as usize],
+    pub counters: Counters,
     /// The rates the interval was sampled at (the first one's, after `merge`).
     pub rates: SamplingRates,
     /// What profiling cost over the interval, when a CPU budget governs it.
@@ -106,7 +106,7 @@ impl ResolvedInterval {
         self.start = self.start.min(other.start).or(self.start).or(other.start);
         self.end = self.end.max(other.end);
         self.samples.extend(other.samples);
-        for (total, add) in self.counters.iter_mut().zip(other.counters) {
+        for (total, add) in self.counters.0.iter_mut().zip(other.counters.0) {
             *total += add;
         }
         self.relabel_dropped += other.relabel_dropped;
@@ -115,11 +115,11 @@ impl ResolvedInterval {
 
     /// What the loss report needs of this interval.
     pub fn losses(&self) -> Losses<'_> {
-        Losses { counters: &self.counters, relabel_dropped: self.relabel_dropped, processes_unread: self.processes_unread }
+        Losses { counters: &self.counters.0, relabel_dropped: self.relabel_dropped, processes_unread: self.processes_unread }
     }
 
     pub fn counter(&self, index: u32) -> u64 {
-        self.counters[index as usize]
+        self.counters.0[index as usize]
     }
 }
 
