@@ -14,7 +14,7 @@ use agent_common::{
     SampleValue, SocketOwner, SwitchLayout, UserStack, COMM_LEN, IFNAMSIZ,
 };
 use aya_ebpf::{
-    bindings::BPF_NOEXIST,
+    bindings::{BPF_EXIST, BPF_NOEXIST},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32,
         bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
@@ -54,7 +54,7 @@ static ACTIVE_SET: Array<u32> = Array::with_max_entries(1, 0);
 #[map]
 static RATES: Array<Rates> = Array::with_max_entries(1, 0);
 
-/// Processes userspace has been told about; a miss sends a `ProcessEvent`.
+/// Processes userspace has been told about, and when (`told`); a miss sends a `ProcessEvent`.
 #[map]
 static KNOWN_TGIDS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(16384, 0);
 #[map]
@@ -211,14 +211,27 @@ fn passes_filters(tgid: u32) -> bool {
     cgroup == 0 || cgroup == unsafe { bpf_get_current_cgroup_id() }
 }
 
-/// Tell userspace about a process the first time it is seen. If the ring buffer is full,
-/// forget the process again so that the next event retries.
+/// What userspace has been told of a process (the values of `KNOWN_TGIDS`).
+mod told {
+    /// Announced at exec, perhaps before the loader mapped its libraries.
+    pub const AT_EXEC: u8 = 1;
+    /// Announced at its first event: its mappings are read while it runs.
+    pub const RUNNING: u8 = 2;
+}
+
+/// Tells userspace about a process at `stage` (`told`), unless it was told already. If the
+/// ring buffer is full, forget the process again so that the next event retries.
 #[inline(always)]
-fn announce_process(tgid: u32, set: &BufferSet) {
-    if tgid == 0 || unsafe { KNOWN_TGIDS.get(&tgid) }.is_some() {
+fn announce_process(tgid: u32, stage: u8, set: &BufferSet) {
+    if tgid == 0 {
         return;
     }
-    if KNOWN_TGIDS.insert(&tgid, &1, BPF_NOEXIST as u64).is_err() {
+    let flags = match unsafe { KNOWN_TGIDS.get(&tgid) } {
+        Some(&known) if known >= stage => return,
+        Some(_) => BPF_EXIST,
+        None => BPF_NOEXIST,
+    };
+    if KNOWN_TGIDS.insert(&tgid, &stage, flags as u64).is_err() {
         return; // another CPU announced it first
     }
     if PROCESS_EVENTS.output::<ProcessEvent>(&ProcessEvent { tgid }, 0).is_err() {
@@ -239,7 +252,7 @@ fn record(set: &BufferSet, key: &SampleKey, count: u64, total: u64) {
     }
     // First event of this key in this interval: only here can the process be new to
     // userspace, so the hot path (existing key) skips the lookup of known processes.
-    announce_process(key.tgid, set);
+    announce_process(key.tgid, told::RUNNING, set);
     if set.counts.insert(key, &SampleValue { count, total }, BPF_NOEXIST as u64).is_err() {
         // Either the map is full, or another CPU inserted the key first: retry once.
         match set.counts.get_ptr_mut(key) {
@@ -549,13 +562,19 @@ pub fn process_exit(_ctx: TracePointContext) -> u32 {
     0
 }
 
-/// After exec a process has new mappings: forget it (and its old mappings) so its next event
-/// announces it again.
+/// After exec a process has new mappings: forget its old ones, and announce it at once, so
+/// that the tables of its binary are loaded before its first sample: on a busy host a
+/// short-lived process may be sampled once or twice in all, and a walk made before its tables
+/// are loaded stops at the first frame without a frame pointer. Its first event announces it
+/// again, to read the libraries the loader has mapped since.
 #[tracepoint]
 pub fn process_exec(ctx: TracePointContext) -> u32 {
     let tgid = ctx.tgid();
     let _ = KNOWN_TGIDS.remove(&tgid);
     walk::forget_process(tgid);
+    if passes_filters(tgid) {
+        announce_process(tgid, told::AT_EXEC, &active_set());
+    }
     0
 }
 

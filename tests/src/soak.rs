@@ -57,8 +57,10 @@ pub fn build_churn(dir: &Path) -> (PathBuf, PathBuf) {
 }
 
 /// How each quantity moved from the first third of the samples to the last: the mean of
-/// each third for RSS (it breathes with every interval), the highest for counts (open files,
-/// mappings, threads), which must not creep at all beyond what one interval's processes hold.
+/// each third for RSS (it breathes with every interval), the lowest for counts (open files,
+/// mappings, threads). Counts follow the processes alive at the moment (a burst of host
+/// processes holds a few files for an interval or two, then gives them back); what leaks
+/// raises the lowest.
 #[derive(Debug)]
 pub struct Growth {
     pub rss_kib: (u64, u64),
@@ -75,20 +77,20 @@ impl Growth {
         let third = samples.len() / 3;
         let (first, last) = (&samples[..third], &samples[samples.len() - third..]);
         let mean = |part: &[Footprint], f: fn(&Footprint) -> u64| part.iter().map(f).sum::<u64>() / part.len() as u64;
-        let max = |part: &[Footprint], f: fn(&Footprint) -> usize| part.iter().map(f).max().unwrap_or(0);
+        let min = |part: &[Footprint], f: fn(&Footprint) -> usize| part.iter().map(f).min().unwrap_or(0);
         Growth {
             rss_kib: (mean(first, |f| f.rss_kib), mean(last, |f| f.rss_kib)),
             anon_kib: (mean(first, |f| f.anon_kib), mean(last, |f| f.anon_kib)),
-            open_files: (max(first, |f| f.open_files), max(last, |f| f.open_files)),
-            mappings: (max(first, |f| f.mappings), max(last, |f| f.mappings)),
+            open_files: (min(first, |f| f.open_files), min(last, |f| f.open_files)),
+            mappings: (min(first, |f| f.mappings), min(last, |f| f.mappings)),
             bpf_map_kib: (mean(first, |f| f.bpf_map_kib), mean(last, |f| f.bpf_map_kib)),
-            threads: (max(first, |f| f.threads), max(last, |f| f.threads)),
+            threads: (min(first, |f| f.threads), min(last, |f| f.threads)),
         }
     }
 
     /// What grew beyond noise, one line each; empty if the footprint is flat. RSS may move by
     /// 10% or 2 MiB, whichever is more (an interval's profile and names come and go); counts
-    /// by a few (files of processes alive at that moment).
+    /// by a few.
     pub fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
         let mut kib = |name: &str, (first, last): (u64, u64)| {

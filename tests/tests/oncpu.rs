@@ -305,10 +305,16 @@ fn short_lived_processes_are_named() {
     let unnamed: Vec<Vec<&str>> = unnamed.iter().take(5).map(|s| s.frames.iter().map(|f| f.function.as_str()).collect()).collect();
     let (named, total) = (Decoded::total(&named), Decoded::total(&samples));
     let in_work = Decoded::total(&samples.iter().copied().filter(|s| s.has_function("churn_work")).collect::<Vec<_>>());
-    println!("churn: {named} of {total} samples named to function level, {in_work} in churn_work; unnamed: {unnamed:?}");
+    let complete = Decoded::total(&samples.iter().copied().filter(|s| s.has_function("churn_work") && s.has_function("main")).collect::<Vec<_>>());
+    println!("churn: {named} of {total} samples named to function level, {in_work} in churn_work, {complete} of them reaching main; unnamed: {unnamed:?}");
     // The goal is 95%; measured 96.0-98.5% here. What stays unnamed is taken at exec (the old
     // image's stack) or at exit (libc mapped after the capture at exec, gone by the drain).
     // The margin keeps a loaded machine from failing the build while catching a regression.
     assert!(total > 200 && named as f64 >= 0.93 * total as f64, "{named} of {total} samples of short-lived processes named; unnamed: {unnamed:?}");
     assert!(in_work as f64 >= 0.8 * total as f64, "{in_work} of {total} samples in churn_work");
+    // Two dozen processes share two CPUs: each is sampled once or twice in its life. Announced
+    // at exec, most have their tables loaded by then, and their stacks (built without frame
+    // pointers) reach main: 77-79% in `bench churn`, 41-42% when a process was first announced
+    // by its first sample, which was then walked by frame pointers.
+    assert!(complete as f64 >= 0.6 * in_work as f64, "{complete} of {in_work} samples in churn_work reach main");
 }

@@ -23,7 +23,7 @@ const OVERLAYFS_SUPER_MAGIC: i64 = 0x794c_7630;
 const BTRFS_SUPER_MAGIC: i64 = 0x9123_683e;
 
 /// The file a maps line names: its device ("fd:01", major:minor in hex) and inode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MappedId {
     pub major: u32,
     pub minor: u32,

@@ -175,6 +175,10 @@ pub struct ProcessTable {
     processes: HashMap<u32, Process>,
     /// Binaries by (device, inode), shared between processes.
     binaries: HashMap<(u64, u64), Weak<Binary>>,
+    /// The same binaries by the identity maps lines give them, where it is their own (not on
+    /// overlayfs or btrfs, whose maps show another device): found again without opening
+    /// anything. An inode cannot be reused while the binary holds it open.
+    by_mapped: HashMap<MappedId, Weak<Binary>>,
     /// Processes of this interval whose mappings could not be read, the last time that was
     /// tried: they exited first, their frames stay unnamed, and they are counted.
     unread: HashSet<u32>,
@@ -262,12 +266,24 @@ impl ProcessTable {
         } else if line.inode == 0 || path.is_empty() || path.starts_with('[') {
             MappingTarget::Special(if path.is_empty() { "[anon]".into() } else { path.to_string() })
         } else {
-            match MappedId::parse(line.device, line.inode).and_then(|mapped| self.open_binary(tgid, line.range, path, mapped)) {
+            match MappedId::parse(line.device, line.inode).and_then(|mapped| self.mapped_binary(tgid, line.range, path, mapped)) {
                 Some(binary) => MappingTarget::File(binary),
                 None => MappingTarget::Special(path.to_string()),
             }
         };
         Some(Mapping { start, end, file_offset, target, python_trampolines: false })
+    }
+
+    /// The binary a maps line names: one already open, or the file opened now.
+    fn mapped_binary(&mut self, tgid: u32, range: &str, path: &str, mapped: MappedId) -> Option<Arc<Binary>> {
+        if let Some(binary) = self.by_mapped.get(&mapped).and_then(Weak::upgrade) {
+            return Some(binary);
+        }
+        let binary = self.open_binary(tgid, range, path, mapped)?;
+        if binary.id == (libc::makedev(mapped.major, mapped.minor), mapped.inode) {
+            self.by_mapped.insert(mapped, Arc::downgrade(&binary));
+        }
+        Some(binary)
     }
 
     /// Opens the mapped file (see `open`), or counts why it could not.
@@ -357,6 +373,7 @@ impl ProcessTable {
             process.exited = !fs::exists(format!("/proc/{tgid}")).unwrap_or(true);
         }
         self.binaries.retain(|_, b| b.strong_count() > 0);
+        self.by_mapped.retain(|_, b| b.strong_count() > 0);
         forgotten
     }
 }

@@ -15,8 +15,8 @@ use anyhow::{Context as _, Result};
 use ember_tests::{python_3_12, JIT_FIXTURES};
 
 use super::{
-    oncpu::{stacks, wait_for_profile, Profiler},
-    release_bin, Profiler as Running,
+    oncpu::{stacks, wait_for_profile, Profiler, Scope},
+    Profiler as Running,
 };
 
 const HZ: u64 = 99;
@@ -73,24 +73,7 @@ fn measure(runtime: &Runtime, profiler: Profiler, perf_args: &[&str], window: Du
     std::thread::sleep(Duration::from_secs(2)); // the runtime compiles the hot functions
     let pid = fixture.0.id().to_string();
     let comm = fs::read_to_string(format!("/proc/{pid}/comm"))?.trim().to_string();
-    let command = match profiler {
-        Profiler::Perf => {
-            let mut c = Command::new("perf");
-            c.args(["record", "-F", &HZ.to_string()]).args(perf_args).args(["-p", &pid, "-o"]).arg(dir.join("perf.data"));
-            c
-        }
-        Profiler::Bpftrace => {
-            let mut c = Command::new("bpftrace");
-            c.args(["-e", &format!("profile:hz:{HZ} /pid == {pid}/ {{ @[kstack, ustack, comm] = count(); }}")]);
-            c.stdout(fs::File::create(dir.join("bpftrace.out"))?);
-            c
-        }
-        Profiler::Ember => {
-            let mut c = Command::new(release_bin("ember-agent"));
-            c.args(["run", "-F", &HZ.to_string(), "--interval", &format!("{}s", INTERVAL.as_secs()), "--pid", &pid, "--output-dir"]).arg(dir.join("profiles"));
-            c
-        }
-    };
+    let command = profiler.command(HZ, Scope::Pid(&pid), perf_args, INTERVAL, &dir)?;
     let running = Running::start(runtime.name, command)?;
     if profiler == Profiler::Ember {
         wait_for_profile(&dir.join("profiles"))?;

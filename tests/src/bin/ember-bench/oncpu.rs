@@ -112,6 +112,54 @@ impl Profiler {
             Profiler::Ember => "ember-agent",
         }
     }
+
+    /// The command that profiles `scope` at `hz`, writing where `stacks` reads: perf with
+    /// `perf_call_graph`, bpftrace counting kernel and user stacks by comm, Ember writing a
+    /// profile every `interval`.
+    pub(super) fn command(self, hz: u64, scope: Scope, perf_call_graph: &[&str], interval: Duration, dir: &Path) -> Result<Command> {
+        let hz = hz.to_string();
+        Ok(match self {
+            Profiler::Perf => {
+                let mut c = Command::new("perf");
+                c.args(["record", "-F", &hz]).args(perf_call_graph);
+                match scope {
+                    Scope::Pid(pid) => c.args(["-p", pid]),
+                    Scope::Host | Scope::Comm(_) => c.arg("-a"),
+                };
+                c.arg("-o").arg(dir.join("perf.data"));
+                c
+            }
+            Profiler::Bpftrace => {
+                let filter = match scope {
+                    Scope::Host => String::new(),
+                    Scope::Comm(comm) => format!("/comm == \"{comm}\"/ "),
+                    Scope::Pid(pid) => format!("/pid == {pid}/ "),
+                };
+                let mut c = Command::new("bpftrace");
+                c.args(["-e", &format!("profile:hz:{hz} {filter}{{ @[kstack, ustack, comm] = count(); }}")]);
+                c.stdout(fs::File::create(dir.join("bpftrace.out"))?);
+                c
+            }
+            Profiler::Ember => {
+                let mut c = Command::new(release_bin("ember-agent"));
+                c.args(["run", "-F", &hz, "--interval", &format!("{}s", interval.as_secs())]);
+                if let Scope::Pid(pid) = scope {
+                    c.args(["--pid", pid]);
+                }
+                c.arg("--output-dir").arg(dir.join("profiles"));
+                c
+            }
+        })
+    }
+}
+
+/// What a profiler profiles: the whole host; the whole host, though only `comm`'s samples are
+/// judged (bpftrace keeps only those); one process.
+#[derive(Clone, Copy)]
+pub(super) enum Scope<'a> {
+    Host,
+    Comm(&'a str),
+    Pid(&'a str),
 }
 
 struct Row {
@@ -234,24 +282,7 @@ fn measure(profiler: Profiler, setup: &Setup, hz: u64, window: Duration, baselin
     let dir = std::env::temp_dir().join(format!("ember-bench-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir)?;
-    let command = match profiler {
-        Profiler::Perf => {
-            let mut c = Command::new("perf");
-            c.args(["record", "-F", &hz.to_string()]).args(workload.perf_call_graph()).args(["-a", "-o"]).arg(dir.join("perf.data"));
-            c
-        }
-        Profiler::Bpftrace => {
-            let mut c = Command::new("bpftrace");
-            c.args(["-e", &format!("profile:hz:{hz} {{ @[kstack, ustack, comm] = count(); }}")]);
-            c.stdout(fs::File::create(dir.join("bpftrace.out"))?);
-            c
-        }
-        Profiler::Ember => {
-            let mut c = Command::new(release_bin("ember-agent"));
-            c.args(["run", "-F", &hz.to_string(), "--interval", &format!("{}s", INTERVAL.as_secs()), "--output-dir"]).arg(dir.join("profiles"));
-            c
-        }
-    };
+    let command = profiler.command(hz, Scope::Host, workload.perf_call_graph(), INTERVAL, &dir)?;
     let beside = setup.start_beside(window)?;
     let profiler_process = Running::start(profiler.name(workload), command)?;
     let started = std::time::Instant::now();
