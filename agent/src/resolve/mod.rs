@@ -101,12 +101,12 @@ impl Resolver {
         }
     }
 
-    /// Detaches the programs, so that the next drain is the last and complete.
     /// The programs' rates and run times, for the overhead governor.
     pub fn sampler(&mut self) -> &mut Sampler {
         &mut self.sampler
     }
 
+    /// Detaches the programs, so that the next drain is the last and complete.
     pub fn stop_programs(&mut self) {
         self.sampler.stop();
     }
