@@ -22,7 +22,7 @@ use serde::Deserialize;
 
 use ember_proto::security::authorized;
 
-use crate::{query, store::Store};
+use crate::{api, query, store::Store, ui};
 
 /// What a query may cost.
 #[derive(Clone, Copy, Debug)]
@@ -38,35 +38,41 @@ pub struct QueryLimits {
 /// The range of a query that gives no `from`: the last hour.
 const DEFAULT_RANGE: u64 = 3600;
 
-struct Api {
-    store: Arc<Store>,
+pub(crate) struct Api {
+    pub(crate) store: Arc<Store>,
     limits: QueryLimits,
     running: tokio::sync::Semaphore,
 }
 
+/// The parameters of every query: each endpoint reads the ones it needs.
 #[derive(Deserialize)]
-struct Range {
+pub(crate) struct Params {
     #[serde(default = "default_kind")]
-    kind: String,
+    pub(crate) kind: String,
     #[serde(default)]
-    selector: String,
-    /// Unix seconds; default: the hour before `to`, which defaults to now.
-    from: Option<u64>,
-    to: Option<u64>,
+    pub(crate) selector: String,
+    /// Unix seconds; default: the hour before `to`, which defaults to now (/diff needs both).
+    pub(crate) from: Option<u64>,
+    pub(crate) to: Option<u64>,
+    /// /query: pprof, folded or svg.
     #[serde(default = "default_format")]
     format: String,
-}
-
-#[derive(Deserialize)]
-struct DiffRanges {
-    #[serde(default = "default_kind")]
-    kind: String,
+    /// The base range of a diff (/diff needs it; /api/tree takes both ends or neither), and
+    /// its own selector (/api/tree; default: the same).
+    pub(crate) base_from: Option<u64>,
+    pub(crate) base_to: Option<u64>,
+    pub(crate) base_selector: Option<String>,
+    /// /api/series: seconds per point, at least what keeps the range within
+    /// series::MAX_POINTS.
+    pub(crate) step: Option<u64>,
+    /// /api/series and /api/tree: the index of the sample value (default: the kind's, as
+    /// in the flame graph).
+    pub(crate) value: Option<usize>,
+    /// /api/series: one line per value of this label.
     #[serde(default)]
-    selector: String,
-    base_from: u64,
-    base_to: u64,
-    from: u64,
-    to: u64,
+    pub(crate) group_by: String,
+    /// /api/tree: the most nodes it may hold.
+    pub(crate) max_nodes: Option<usize>,
 }
 
 fn default_kind() -> String {
@@ -82,6 +88,9 @@ pub fn router(store: Arc<Store>, limits: QueryLimits, token: Option<String>) -> 
     let queries = Router::new()
         .route("/query", get(query_handler))
         .route("/diff", get(diff_handler))
+        .route("/api/labels", get(api::labels_handler))
+        .route("/api/series", get(api::series_handler))
+        .route("/api/tree", get(api::tree_handler))
         .layer(axum::middleware::from_fn(move |request: Request, next: Next| {
             let allowed = authorized(request.headers().get(header::AUTHORIZATION).map(|v| v.as_bytes()), token.as_deref());
             async move {
@@ -92,17 +101,16 @@ pub fn router(store: Arc<Store>, limits: QueryLimits, token: Option<String>) -> 
                 }
             }
         }));
-    Router::new().route("/healthz", get(|| async { "ok\n" })).merge(queries).with_state(api)
+    Router::new().route("/healthz", get(|| async { "ok\n" })).merge(ui::routes()).merge(queries).with_state(api)
 }
 
 /// Errors are one line of text with a status a client can act on.
-fn error(status: StatusCode, e: impl std::fmt::Display) -> Response {
+pub(crate) fn error(status: StatusCode, e: impl std::fmt::Display) -> Response {
     (status, format!("{e}\n")).into_response()
 }
 
-/// Merges a range, within the query limits. `from` and `to` are unix seconds.
-async fn merged(api: &Api, kind: &str, selector: &str, from: u64, to: u64) -> Result<(Profile, usize), Response> {
-    let selector = query::parse_selector(selector).map_err(|e| error(StatusCode::BAD_REQUEST, format!("{e:#}")))?;
+/// A range of unix seconds a query may cover: not empty, and within the limit.
+pub(crate) fn checked_range(api: &Api, from: u64, to: u64) -> Result<(u64, u64), Response> {
     if to <= from {
         return Err(error(StatusCode::BAD_REQUEST, format!("empty range: from {from} is not before to {to}")));
     }
@@ -112,34 +120,62 @@ async fn merged(api: &Api, kind: &str, selector: &str, from: u64, to: u64) -> Re
             format!("range of {} s is longer than the {} s a query may cover (--query-max-range-hours)", to - from, api.limits.max_range.as_secs()),
         ));
     }
+    Ok((from, to))
+}
+
+/// The range of a query's optional `from` and `to` (unix seconds): by default the hour up to
+/// now.
+pub(crate) fn range_or_default(api: &Api, from: Option<u64>, to: Option<u64>) -> Result<(u64, u64), Response> {
+    let to = to.unwrap_or_else(query::now_seconds);
+    checked_range(api, from.unwrap_or(to.saturating_sub(DEFAULT_RANGE)), to)
+}
+
+pub(crate) fn selector(text: &str) -> Result<BTreeMap<String, String>, Response> {
+    query::parse_selector(text).map_err(|e| error(StatusCode::BAD_REQUEST, format!("{e:#}")))
+}
+
+/// Runs `work` off the async threads, within the query limits: refused (503) when too many
+/// run, and its error a timeout (504) once past its deadline, else unprocessable (422: stored
+/// profiles that cannot be merged, values that overflow).
+pub(crate) async fn limited<T: Send + 'static>(
+    api: &Api,
+    work: impl FnOnce(Instant) -> Result<T> + Send + 'static,
+) -> Result<T, Response> {
     let Ok(_permit) = api.running.try_acquire() else {
         let busy = format!("{} queries are running already: retry shortly", api.limits.concurrent);
         return Err((StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, "1")], format!("{busy}\n")).into_response());
     };
-    let (store, owned_kind, deadline) = (api.store.clone(), kind.to_string(), Instant::now() + api.limits.timeout);
-    let (from, to) = (from.saturating_mul(NS), to.saturating_mul(NS));
-    let merged = tokio::task::spawn_blocking(move || query::merged(&store, &owned_kind, &selector, from, to, Some(deadline)))
-        .await
-        .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e))?;
-    match merged {
-        Ok(Some(found)) => Ok(found),
-        Ok(None) => Err(error(StatusCode::NOT_FOUND, format!("no {kind} profiles match in that time range"))),
+    let deadline = Instant::now() + api.limits.timeout;
+    match tokio::task::spawn_blocking(move || work(deadline)).await.map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e))? {
+        Ok(found) => Ok(found),
         Err(e) if Instant::now() > deadline => Err(error(StatusCode::GATEWAY_TIMEOUT, format!("{e:#}"))),
-        // Stored profiles that cannot be merged (values that overflow, for example).
         Err(e) => Err(error(StatusCode::UNPROCESSABLE_ENTITY, format!("{e:#}"))),
     }
 }
 
-const NS: u64 = 1_000_000_000;
+/// Merges a range, within the query limits. `from` and `to` are unix seconds.
+pub(crate) async fn merged(api: &Api, kind: &str, selector_text: &str, from: u64, to: u64) -> Result<Profile, Response> {
+    let selector = selector(selector_text)?;
+    let (from, to) = checked_range(api, from, to)?;
+    let (store, owned_kind) = (api.store.clone(), kind.to_string());
+    let (from, to) = (from.saturating_mul(NS), to.saturating_mul(NS));
+    match limited(api, move |deadline| query::merged(&store, &owned_kind, &selector, from, to, Some(deadline))).await? {
+        Some((profile, _)) => Ok(profile),
+        None => Err(error(StatusCode::NOT_FOUND, format!("no {kind} profiles match in that time range"))),
+    }
+}
 
-async fn query_handler(State(api): State<Arc<Api>>, Query(q): Query<Range>) -> Response {
+pub(crate) const NS: u64 = 1_000_000_000;
+
+async fn query_handler(State(api): State<Arc<Api>>, Query(q): Query<Params>) -> Response {
     if !query::FORMATS.contains(&q.format.as_str()) {
         return error(StatusCode::BAD_REQUEST, format!("unknown format {:?}: use pprof, folded or svg", q.format));
     }
-    let to = q.to.unwrap_or_else(query::now_seconds);
-    let from = q.from.unwrap_or(to.saturating_sub(DEFAULT_RANGE));
-    let (profile, _) = match merged(&api, &q.kind, &q.selector, from, to).await {
-        Ok(found) => found,
+    let profile = match range_or_default(&api, q.from, q.to) {
+        Ok((from, to)) => match merged(&api, &q.kind, &q.selector, from, to).await {
+            Ok(found) => found,
+            Err(response) => return response,
+        },
         Err(response) => return response,
     };
     match query::render(&profile, &q.kind, &q.format) {
@@ -150,11 +186,14 @@ async fn query_handler(State(api): State<Arc<Api>>, Query(q): Query<Range>) -> R
 
 /// A differential flame graph: the base range's stacks against the later range's, colored by
 /// growth and shrinkage.
-async fn diff_handler(State(api): State<Arc<Api>>, Query(q): Query<DiffRanges>) -> Response {
-    let base = merged(&api, &q.kind, &q.selector, q.base_from, q.base_to).await;
-    let new = merged(&api, &q.kind, &q.selector, q.from, q.to).await;
+async fn diff_handler(State(api): State<Arc<Api>>, Query(q): Query<Params>) -> Response {
+    let (Some(base_from), Some(base_to), Some(from), Some(to)) = (q.base_from, q.base_to, q.from, q.to) else {
+        return error(StatusCode::BAD_REQUEST, "a diff needs base_from, base_to, from and to");
+    };
+    let base = merged(&api, &q.kind, &q.selector, base_from, base_to).await;
+    let new = merged(&api, &q.kind, &q.selector, from, to).await;
     let (base, new) = match (base, new) {
-        (Ok((base, _)), Ok((new, _))) => (base, new),
+        (Ok(base), Ok(new)) => (base, new),
         (Err(response), _) | (_, Err(response)) => return response,
     };
     let view = ember_pprof::view(&q.kind);

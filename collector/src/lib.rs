@@ -3,14 +3,19 @@
 //! resolves `serve`'s settings and dispatches. `server` wires the running collector (`service`
 //! ingest, `store`, `http`/`https` queries over `query`, `pull` loops); `offline` answers
 //! `list` and `query` from a stopped collector's data directory.
+mod api;
 mod http;
 mod https;
+mod labels;
 mod offline;
 mod pull;
 mod query;
+mod series;
 mod server;
 mod service;
 mod store;
+mod tree;
+mod ui;
 
 #[cfg(fuzzing)]
 pub mod fuzz;

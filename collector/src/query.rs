@@ -43,15 +43,22 @@ fn matches<'s>(stored: &StoredProfile, kind: &str, selector: &'s BTreeMap<String
 /// decoded profiles and the partial merges, not every profile of the range at once.
 const CHUNK: usize = 64;
 
-/// Merges the matching profiles of [from, to), with how many there were; None if none
-/// match. Past `deadline`, gives up with an error (a query that would run on after its
+/// Hands `visit` each profile of [from, to) that matches, decoded, its samples narrowed to
+/// the selector's sample terms (a profile left with none is skipped); returns how many it
+/// visited. Past `deadline`, gives up with an error (a query that would run on after its
 /// client was told it timed out only wastes the host).
-pub fn merged(store: &Store, kind: &str, selector: &BTreeMap<String, String>, from: u64, to: u64, deadline: Option<Instant>) -> Result<Option<(Profile, usize)>> {
-    let (mut chunk, mut partials, mut count) = (Vec::new(), Vec::new(), 0);
-    let mut sample_terms = Vec::new();
+pub fn visit_matching(
+    store: &Store,
+    kind: &str,
+    selector: &BTreeMap<String, String>,
+    (from, to): (u64, u64),
+    deadline: Option<Instant>,
+    mut visit: impl FnMut(&StoredProfile, Profile) -> Result<()>,
+) -> Result<usize> {
+    let (mut count, mut sample_terms) = (0, Vec::new());
     store.scan(from, to, |stored| {
         if deadline.is_some_and(|d| Instant::now() > d) {
-            bail!("the query ran out of time after merging {count} profiles: narrow its range or selector");
+            bail!("the query ran out of time after reading {count} profiles: narrow its range or selector");
         }
         if !matches(&stored, kind, selector, &mut sample_terms) {
             return Ok(());
@@ -59,9 +66,20 @@ pub fn merged(store: &Store, kind: &str, selector: &BTreeMap<String, String>, fr
         let bytes = &stored.profile.as_ref().expect("matched").pprof_gzip;
         let mut profile = ember_pprof::decode_gzip(bytes, crate::service::MAX_DECOMPRESSED)?;
         if sample_terms.is_empty() || ember_pprof::retain_samples(&mut profile, &sample_terms) > 0 {
-            chunk.push(profile);
             count += 1;
+            visit(&stored, profile)?;
         }
+        Ok(())
+    })?;
+    Ok(count)
+}
+
+/// Merges the matching profiles of [from, to), with how many there were; None if none
+/// match.
+pub fn merged(store: &Store, kind: &str, selector: &BTreeMap<String, String>, from: u64, to: u64, deadline: Option<Instant>) -> Result<Option<(Profile, usize)>> {
+    let (mut chunk, mut partials) = (Vec::new(), Vec::new());
+    let count = visit_matching(store, kind, selector, (from, to), deadline, |_, profile| {
+        chunk.push(profile);
         if chunk.len() == CHUNK {
             partials.push(ember_pprof::merge(&std::mem::take(&mut chunk))?);
         }

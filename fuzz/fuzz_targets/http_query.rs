@@ -1,5 +1,5 @@
 //! The collector's HTTP query API, through its real router over a seeded store: the input is a
-//! request target ("/query?..." or "/diff?..."). Every answer is a status with a one-line
+//! request target ("/query?...", "/diff?..." or "/api/...?..."). Every answer is a status with a one-line
 //! error or a body, never a panic or a 5xx other than the limits' 503 and 504.
 #![no_main]
 use std::sync::LazyLock;

@@ -13,6 +13,7 @@ use ember_proto::pprof::Profile;
 use prost::Message;
 
 pub mod bigdebug;
+pub mod browser;
 pub mod kube_api;
 pub mod nofp;
 pub mod soak;
@@ -247,11 +248,38 @@ pub fn http_get(address: std::net::SocketAddr, path: &str) -> (u16, Vec<u8>) {
 
 /// GET with extra header lines (each ending in \r\n).
 pub fn http_get_with(address: std::net::SocketAddr, path: &str, headers: &str) -> (u16, Vec<u8>) {
+    http_request(address, "GET", path, headers, b"")
+}
+
+/// One HTTP/1.1 request over loopback, the connection closed after it; returns (status, body).
+pub fn http_request(address: std::net::SocketAddr, method: &str, path: &str, headers: &str, body: &[u8]) -> (u16, Vec<u8>) {
     let mut stream = std::net::TcpStream::connect(address).expect("connecting");
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n").unwrap();
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).expect("reading the response");
+    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let length = if body.is_empty() && method == "GET" { String::new() } else { format!("Content-Length: {}\r\n", body.len()) };
+    write!(stream, "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{headers}{length}Connection: close\r\n\r\n").unwrap();
+    stream.write_all(body).unwrap();
+    // Read to the end of the body: its Content-Length if it has one (a server may keep the
+    // connection open after it), else until the server closes.
+    let (mut response, mut buffer) = (Vec::new(), [0u8; 65536]);
+    let mut expected = None;
+    loop {
+        if expected.is_none() {
+            if let Some(split) = response.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&response[..split]).to_ascii_lowercase();
+                let length = head.lines().find_map(|l| l.strip_prefix("content-length:")).map(|n| n.trim().parse::<usize>().expect("numeric length"));
+                expected = Some(length.map(|n| split + 4 + n));
+            }
+        }
+        if let Some(Some(end)) = expected {
+            if response.len() >= end {
+                break;
+            }
+        }
+        match stream.read(&mut buffer).expect("reading the response") {
+            0 => break,
+            n => response.extend_from_slice(&buffer[..n]),
+        }
+    }
     let split = response.windows(4).position(|w| w == b"\r\n\r\n").expect("HTTP header end");
     let head = String::from_utf8_lossy(&response[..split]).to_string();
     let status = head.split_whitespace().nth(1).expect("status").parse().expect("numeric status");
@@ -577,7 +605,10 @@ pub struct Decoded {
 
 impl Decoded {
     pub fn read(path: &Path) -> Decoded {
-        let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        Decoded::from_gzip(&std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display())))
+    }
+
+    pub fn from_gzip(bytes: &[u8]) -> Decoded {
         let mut raw = Vec::new();
         flate2::read::GzDecoder::new(&bytes[..]).read_to_end(&mut raw).expect("profile is gzipped");
         let profile = Profile::decode(&raw[..]).expect("profile decodes as profile.proto");

@@ -20,10 +20,10 @@ const AGENT: &[&[&str]] = &[
 ];
 
 const COLLECTOR: &[&[&str]] = &[
-    &["store"],
-    &["query", "service"],
+    &["store", "tree"],
+    &["query", "service", "labels", "series"],
     &["pull", "https"],
-    &["http"],
+    &["http", "api", "ui"],
     &["offline", "server"],
     &["main", "lib", "fuzz"],
 ];

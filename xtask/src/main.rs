@@ -122,8 +122,9 @@ fn run_agent(args: Vec<String>) -> Result<()> {
         .context("starting ember-collector")?;
     unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
     println!("Profiling this host. Every 10 s the profiles are pushed to the collector (./ember-data) and");
-    println!("written to ./ember-profiles (pprof, folded, SVG). Live flame graph of everything so far:");
-    println!("  curl 'http://127.0.0.1:7071/query?kind=cpu&format=svg' > cpu.svg");
+    println!("written to ./ember-profiles (pprof, folded, SVG). The live flame graph, in a browser:");
+    println!("  http://127.0.0.1:7071/   (the first profiles arrive within 10 s)");
+    println!("or as a file: curl 'http://127.0.0.1:7071/query?kind=cpu&format=svg' > cpu.svg");
     println!("Ctrl-C stops both.");
     let agent = Command::new(release.join("ember-agent"))
         .args(["run", "--push", "http://127.0.0.1:7070", "--spool-dir", &path("ember-spool")?])

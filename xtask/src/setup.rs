@@ -2,7 +2,7 @@
 //! missing, so it is quick the second time.
 use std::{path::Path, process::Command};
 
-use anyhow::{Context as _, Result};
+use anyhow::{bail, Context as _, Result};
 
 use crate::run;
 
@@ -23,6 +23,46 @@ fn apt_packages() -> Vec<(&'static str, &'static str)> {
 
 /// (Python module, PyPI package): the deploy tests validate the Kubernetes manifests with it.
 const PIP_PACKAGES: [(&str, &str); 1] = [("kubernetes_validate", "kubernetes-validate==1.37.0")];
+
+/// The web UI's npm packages: "name version integrity" lines (see collector/build.rs).
+const UI_PACKAGES: &str = include_str!("../../collector/ui/vendor.txt");
+
+/// Fetches each UI package missing from target/ui-deps with npm, at its pinned version, and
+/// refuses one whose integrity is not the pinned one.
+fn ui_packages() -> Result<()> {
+    let deps = crate::workspace_root().join("target/ui-deps");
+    for line in UI_PACKAGES.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+        let [name, version, integrity] = line.split_whitespace().collect::<Vec<_>>()[..] else {
+            bail!("collector/ui/vendor.txt: {line:?} is not \"name version integrity\"");
+        };
+        let dir = deps.join(format!("{name}-{version}"));
+        if dir.join("package/package.json").is_file() {
+            println!("setup: ok    {name} {version} (npm)");
+            continue;
+        }
+        println!("setup: fetching {name} {version} (npm)");
+        let download = deps.join("download");
+        std::fs::create_dir_all(&download)?;
+        let packed = Command::new("npm")
+            .args(["pack", &format!("{name}@{version}"), "--json", "--pack-destination"])
+            .arg(&download)
+            .output()
+            .context("running npm")?;
+        let report = String::from_utf8_lossy(&packed.stdout);
+        if !packed.status.success() {
+            bail!("npm pack {name}@{version} failed: {}", String::from_utf8_lossy(&packed.stderr).trim());
+        }
+        if !report.contains(&format!("\"integrity\": \"{integrity}\"")) {
+            bail!("npm's {name}@{version} does not have the integrity pinned in collector/ui/vendor.txt: {report}");
+        }
+        let partial = deps.join(format!("{name}-{version}.partial"));
+        let _ = std::fs::remove_dir_all(&partial);
+        std::fs::create_dir_all(&partial)?;
+        run(Command::new("tar").arg("-xzf").arg(download.join(format!("{name}-{version}.tgz"))).arg("-C").arg(&partial))?;
+        std::fs::rename(&partial, &dir)?;
+    }
+    Ok(())
+}
 
 fn output(program: &str, args: &[&str]) -> Option<String> {
     let out = Command::new(program).args(args).output().ok()?;
@@ -65,6 +105,8 @@ pub fn setup() -> Result<()> {
             run(Command::new("python3").args(["-m", "pip", "install", "--quiet", package]))?;
         }
     }
+
+    ui_packages()?;
 
     if Path::new("/sys/kernel/tracing/events").is_dir() {
         println!("setup: ok    tracefs");

@@ -6,8 +6,8 @@
 //!
 //! `fixture MODE SECONDS [--wait] [ARGS...]`. With `--wait` it first reads a line on stdin, so
 //! a test can start the profiler before any work happens. Modes, and what they print:
-//! - `split`: main -> hot_a or hot_b, chosen at random per unit with p(a) = 0.7, both through
-//!   the same `burn`. Prints "<units> <a units>": the exact truth.
+//! - `split`: main -> hot_a or hot_b, chosen at random per unit with p(a) = 0.7 (or ARGS[0]
+//!   percent), both through the same `burn`. Prints "<units> <a units>": the exact truth.
 //! - `read-zero`: main -> read_zero, reading /dev/zero in 1 MiB blocks. Prints rounds.
 //! - `stacks`: main -> descend -> descend -> ... (1 to 48 deep, cycling) -> burn: many short
 //!   distinct stacks, for stressing the stack maps. Prints rounds.
@@ -188,6 +188,7 @@ fn main() {
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     match mode.as_str() {
         "split" => {
+            let percent_a: u64 = rest.first().map_or(70, |p| p.parse().expect("the percent of hot_a must be an integer"));
             let (mut units, mut a, mut random) = (0u64, 0u64, 0x9e37_79b9_7f4a_7c15u64);
             while Instant::now() < deadline {
                 for _ in 0..16 {
@@ -195,7 +196,7 @@ fn main() {
                     random ^= random << 13;
                     random ^= random >> 7;
                     random ^= random << 17;
-                    if random % 10 < 7 {
+                    if random % 100 < percent_a {
                         black_box(hot_a());
                         a += 1;
                     } else {

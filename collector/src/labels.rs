@@ -1,0 +1,93 @@
+//! Label names and values over a range, for the web UI's selector completion: every profile's
+//! own labels (agent, host, static labels), and the sample labels (comm, pod, ...) of the
+//! latest few profiles, since reading those means decoding the profile. Values are capped per
+//! name so that a label such as a thread id cannot make the answer unbounded.
+use std::{
+    collections::{BTreeMap, BTreeSet, VecDeque},
+    time::Instant,
+};
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+
+use crate::store::Store;
+
+/// Profiles, the latest of the range, whose sample labels are read.
+const SAMPLED_PROFILES: usize = 16;
+/// Values kept per label name; beyond them the name is marked as truncated.
+pub const MAX_VALUES: usize = 200;
+
+#[derive(Serialize, Default, Debug)]
+pub struct Labels {
+    /// Name -> its values, sorted.
+    pub labels: BTreeMap<String, BTreeSet<String>>,
+    /// Names with more values than MAX_VALUES.
+    pub truncated: BTreeSet<String>,
+}
+
+impl Labels {
+    fn add(&mut self, name: &str, value: &str) {
+        if value.is_empty() {
+            return;
+        }
+        let values = self.labels.entry(name.to_string()).or_default();
+        if values.len() < MAX_VALUES {
+            values.insert(value.to_string());
+        } else if !values.contains(value) {
+            self.truncated.insert(name.to_string());
+        }
+    }
+}
+
+/// The labels of the `kind` profiles of [from, to) (unix ns).
+pub fn labels(store: &Store, kind: &str, (from, to): (u64, u64), deadline: Instant) -> Result<Labels> {
+    let mut found = Labels::default();
+    let mut latest = VecDeque::with_capacity(SAMPLED_PROFILES);
+    store.scan(from, to, |stored| {
+        if Instant::now() > deadline {
+            bail!("listing labels ran out of time: narrow the range");
+        }
+        let (Some(agent), Some(profile)) = (stored.agent, stored.profile) else { return Ok(()) };
+        if profile.kind != kind {
+            return Ok(());
+        }
+        found.add("agent", &agent.agent_id);
+        found.add("host", &agent.hostname);
+        for (name, value) in &profile.labels {
+            found.add(name, value);
+        }
+        if latest.len() == SAMPLED_PROFILES {
+            latest.pop_front();
+        }
+        latest.push_back(profile.pprof_gzip);
+        Ok(())
+    })?;
+    for bytes in latest {
+        let profile = ember_pprof::decode_gzip(&bytes, crate::service::MAX_DECOMPRESSED)?;
+        let text = |i: i64| usize::try_from(i).ok().and_then(|i| profile.string_table.get(i)).map_or("", String::as_str);
+        for label in profile.sample.iter().flat_map(|s| &s.label).filter(|l| l.num == 0) {
+            found.add(text(label.key), text(label.str));
+        }
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_past_the_cap_mark_their_name() {
+        let mut labels = Labels::default();
+        for i in 0..MAX_VALUES + 1 {
+            labels.add("tid", &i.to_string());
+        }
+        labels.add("host", "a");
+        labels.add("host", "a");
+        labels.add("pod", "");
+        assert_eq!(labels.labels["tid"].len(), MAX_VALUES);
+        assert_eq!(labels.truncated, BTreeSet::from(["tid".to_string()]));
+        assert_eq!(labels.labels["host"].len(), 1);
+        assert!(!labels.labels.contains_key("pod"));
+    }
+}

@@ -1,0 +1,154 @@
+//! Time series of a selection: its total per step over a range, optionally one line per value
+//! of a "group by" label (a profile's label, such as host, or a sample's, such as pod), for the
+//! web UI's chart. Lines beyond the heaviest few are summed into one.
+use std::{collections::BTreeMap, time::Instant};
+
+use anyhow::Result;
+use ember_proto::pprof::Profile;
+use serde::Serialize;
+
+use crate::{
+    query,
+    store::{Store, StoredProfile},
+};
+
+/// Lines a grouped series shows before the rest are summed as "other".
+pub const MAX_GROUPS: usize = 10;
+/// Points a line may have: the step grows with the range to stay within it.
+pub const MAX_POINTS: u64 = 600;
+
+#[derive(Serialize, Debug, PartialEq)]
+pub struct Series {
+    /// Unix seconds of the first step, and the step's length.
+    pub from: u64,
+    pub step: u64,
+    /// Unit of the values ("nanoseconds", "count", "bytes", ...).
+    pub unit: String,
+    pub profiles: usize,
+    pub lines: Vec<Line>,
+}
+
+#[derive(Serialize, Debug, PartialEq)]
+pub struct Line {
+    /// The group's label value; "total" without a group.
+    pub name: String,
+    /// One value per step; a step without profiles is 0.
+    pub values: Vec<i64>,
+}
+
+/// The step for a range of `seconds`: at least `wanted` (if given) and 1 s, and long enough
+/// for at most MAX_POINTS points.
+pub fn step(seconds: u64, wanted: Option<u64>) -> u64 {
+    wanted.unwrap_or(1).max(1).max(seconds.div_ceil(MAX_POINTS))
+}
+
+/// A profile-level label: the agent's identity, or the profile's own labels.
+fn profile_label<'a>(stored: &'a StoredProfile, key: &str) -> Option<&'a str> {
+    let (agent, profile) = (stored.agent.as_ref()?, stored.profile.as_ref()?);
+    match key {
+        "agent" => Some(&agent.agent_id),
+        "host" => Some(&agent.hostname),
+        _ => profile.labels.get(key).map(String::as_str),
+    }
+}
+
+/// The selection's totals of sample value `value` per step of [from, to) (unix seconds).
+#[allow(clippy::too_many_arguments)]
+pub fn series(
+    store: &Store,
+    kind: &str,
+    selector: &BTreeMap<String, String>,
+    (from, to): (u64, u64),
+    step: u64,
+    value: usize,
+    group_by: Option<&str>,
+    deadline: Option<Instant>,
+) -> Result<Series> {
+    let points = (to - from).div_ceil(step) as usize;
+    let mut groups: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    let mut unit = String::new();
+    let range = (from.saturating_mul(NS), to.saturating_mul(NS));
+    let profiles = query::visit_matching(store, kind, selector, range, deadline, |stored, profile| {
+        if unit.is_empty() {
+            unit = unit_of(&profile, value).to_string();
+        }
+        let start = stored.profile.as_ref().map_or(0, |p| p.start_unix_nanos.max(0) as u64) / NS;
+        let point = ((start.saturating_sub(from)) / step) as usize;
+        let whole = group_by.map(|key| profile_label(stored, key));
+        for (group, total) in totals(&profile, value, whole, group_by) {
+            let values = groups.entry(group).or_insert_with(|| vec![0; points]);
+            values[point.min(points - 1)] = values[point.min(points - 1)].saturating_add(total);
+        }
+        Ok(())
+    })?;
+    Ok(Series { from, step, unit, profiles, lines: heaviest(groups) })
+}
+
+const NS: u64 = 1_000_000_000;
+
+fn unit_of(profile: &Profile, value: usize) -> &str {
+    let unit = profile.sample_type.get(value).map_or(0, |t| t.unit);
+    profile.string_table.get(unit as usize).map_or("", String::as_str)
+}
+
+/// A profile's totals by group: all of it under "total" without a group; under its own label
+/// when the key is a profile label (`whole`); else by each sample's label ("[none]" without).
+fn totals(profile: &Profile, value: usize, whole: Option<Option<&str>>, key: Option<&str>) -> BTreeMap<String, i64> {
+    let sum = |samples: &mut dyn Iterator<Item = &ember_proto::pprof::Sample>| {
+        samples.map(|s| s.value.get(value).copied().unwrap_or(0)).fold(0i64, i64::saturating_add)
+    };
+    match (whole, key) {
+        (None, _) | (_, None) => BTreeMap::from([("total".to_string(), sum(&mut profile.sample.iter()))]),
+        (Some(Some(label)), _) => BTreeMap::from([(label.to_string(), sum(&mut profile.sample.iter()))]),
+        (Some(None), Some(key)) => {
+            let text = |i: i64| usize::try_from(i).ok().and_then(|i| profile.string_table.get(i)).map_or("", String::as_str);
+            let mut by_label = BTreeMap::new();
+            for sample in &profile.sample {
+                let label = sample.label.iter().find(|l| l.num == 0 && text(l.key) == key).map_or("[none]", |l| text(l.str));
+                let total: &mut i64 = by_label.entry(label.to_string()).or_default();
+                *total = total.saturating_add(sample.value.get(value).copied().unwrap_or(0));
+            }
+            by_label
+        }
+    }
+}
+
+/// The MAX_GROUPS heaviest lines, heaviest first, and the rest summed as "other".
+fn heaviest(groups: BTreeMap<String, Vec<i64>>) -> Vec<Line> {
+    let mut lines: Vec<Line> = groups.into_iter().map(|(name, values)| Line { name, values }).collect();
+    let weight = |line: &Line| line.values.iter().copied().fold(0i64, i64::saturating_add);
+    lines.sort_by_key(|line| std::cmp::Reverse(weight(line)));
+    if lines.len() > MAX_GROUPS {
+        let rest = lines.split_off(MAX_GROUPS - 1);
+        let mut other = vec![0i64; rest[0].values.len()];
+        for line in rest {
+            for (sum, v) in other.iter_mut().zip(line.values) {
+                *sum = sum.saturating_add(v);
+            }
+        }
+        lines.push(Line { name: "other".into(), values: other });
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_step_keeps_a_range_within_its_points() {
+        assert_eq!(step(3600, None), 6);
+        assert_eq!(step(600, Some(10)), 10);
+        assert_eq!(step(60, None), 1);
+    }
+
+    #[test]
+    fn lines_past_the_heaviest_are_summed_as_other() {
+        let groups = (0..12).map(|i| (format!("g{i:02}"), vec![i, 1])).collect();
+        let lines = heaviest(groups);
+        assert_eq!(lines.len(), MAX_GROUPS);
+        assert_eq!((lines[0].name.as_str(), lines[0].values.as_slice()), ("g11", &[11, 1][..]));
+        // g00..g02 are the lightest three.
+        assert_eq!((lines[9].name.as_str(), lines[9].values.as_slice()), ("other", &[3, 3][..]));
+    }
+}
