@@ -13,7 +13,7 @@ use tonic::transport::Endpoint;
 
 use crate::{
     service::{check, now_ns},
-    store::Store,
+    store::{Checked, Store},
 };
 
 const MIN_BACKOFF: Duration = Duration::from_millis(500);
@@ -74,12 +74,15 @@ async fn pull_once(source: &Source, store: &Arc<Store>, stored: &mut u64) -> Res
     tracing::info!(agent = agent.agent_id, after, "pulling");
     let mut stream = client.pull(source.bearer.request(PullRequest { after_sequence: after })).await?.into_inner();
     while let Some(profile) = stream.message().await? {
-        if let Err(why) = check(&profile, now_ns()) {
-            tracing::warn!(agent = agent.agent_id, sequence = profile.sequence, "refused a pulled profile: {why}");
-            continue;
-        }
+        let totals = match check(&profile, now_ns()) {
+            Ok(totals) => totals,
+            Err(why) => {
+                tracing::warn!(agent = agent.agent_id, sequence = profile.sequence, "refused a pulled profile: {why}");
+                continue;
+            }
+        };
         let (store, agent) = (store.clone(), agent.clone());
-        tokio::task::spawn_blocking(move || store.put(&agent, &[profile])).await??;
+        tokio::task::spawn_blocking(move || store.put(&agent, &[Checked { profile, totals }])).await??;
         *stored += 1;
     }
     Ok(())

@@ -66,22 +66,38 @@ pub fn series(
 ) -> Result<Series> {
     let points = (to - from).div_ceil(step) as usize;
     let mut groups: BTreeMap<String, Vec<i64>> = BTreeMap::new();
-    let mut unit = String::new();
+    let (mut unit, mut profiles) = (String::new(), 0);
     let range = (from.saturating_mul(NS), to.saturating_mul(NS));
-    let profiles = query::visit_matching(store, kind, selector, range, deadline, |stored, profile| {
-        if unit.is_empty() {
+    query::scan_matching(store, kind, selector, range, deadline, |stored, sample_terms| {
+        let whole = group_by.map(|key| profile_label(&stored, key));
+        // The totals stored at ingest answer unless samples must be told apart (profiles
+        // stored before there were totals are decoded).
+        let by_samples = !sample_terms.is_empty() || whole == Some(None) || stored.totals.len() <= value;
+        if unit.is_empty() || by_samples {
+            let Some(profile) = query::decoded(&stored, sample_terms)? else { return Ok(()) };
             unit = unit_of(&profile, value).to_string();
+            if by_samples {
+                add(&mut groups, &stored, from, step, points, totals(&profile, value, whole, group_by));
+                profiles += 1;
+                return Ok(());
+            }
         }
-        let start = stored.profile.as_ref().map_or(0, |p| p.start_unix_nanos.max(0) as u64) / NS;
-        let point = ((start.saturating_sub(from)) / step) as usize;
-        let whole = group_by.map(|key| profile_label(stored, key));
-        for (group, total) in totals(&profile, value, whole, group_by) {
-            let values = groups.entry(group).or_insert_with(|| vec![0; points]);
-            values[point.min(points - 1)] = values[point.min(points - 1)].saturating_add(total);
-        }
+        let name = whole.flatten().unwrap_or("total").to_string();
+        add(&mut groups, &stored, from, step, points, BTreeMap::from([(name, stored.totals[value])]));
+        profiles += 1;
         Ok(())
     })?;
     Ok(Series { from, step, unit, profiles, lines: heaviest(groups) })
+}
+
+/// Adds a profile's totals by group at the point of its start.
+fn add(groups: &mut BTreeMap<String, Vec<i64>>, stored: &StoredProfile, from: u64, step: u64, points: usize, totals: BTreeMap<String, i64>) {
+    let start = stored.profile.as_ref().map_or(0, |p| p.start_unix_nanos.max(0) as u64) / NS;
+    let point = ((start.saturating_sub(from) / step) as usize).min(points - 1);
+    for (group, total) in totals {
+        let values = groups.entry(group).or_insert_with(|| vec![0; points]);
+        values[point] = values[point].saturating_add(total);
+    }
 }
 
 const NS: u64 = 1_000_000_000;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use ember_proto::ember::{collector_server::Collector, Profile, PushRequest, PushResponse, Refusal};
 use tonic::{Request, Response, Status};
 
-use crate::store::Store;
+use crate::store::{Checked, Store};
 
 pub const KINDS: [&str; 7] = ["cpu", "offcpu", "wall", "net-tx", "net-rx", "net-retransmit", "net-drop"];
 /// A profile may decompress to at most this much: an agent's 10 s profile is a few MiB at
@@ -19,7 +19,8 @@ pub struct CollectorService {
     pub store: Arc<Store>,
 }
 
-pub fn check(profile: &Profile, now_ns: i64) -> Result<(), String> {
+/// Checks a pushed (or pulled) profile; returns the totals of its sample values.
+pub fn check(profile: &Profile, now_ns: i64) -> Result<Vec<i64>, String> {
     if !KINDS.contains(&profile.kind.as_str()) {
         return Err(format!("unknown profile kind {:?} (known: {})", profile.kind, KINDS.join(", ")));
     }
@@ -35,8 +36,14 @@ pub fn check(profile: &Profile, now_ns: i64) -> Result<(), String> {
     if profile.labels.len() > MAX_LABELS {
         return Err(format!("{} labels on one profile (at most {MAX_LABELS})", profile.labels.len()));
     }
-    ember_pprof::decode_gzip(&profile.pprof_gzip, MAX_DECOMPRESSED).map_err(|e| format!("{e:#}"))?;
-    Ok(())
+    let decoded = ember_pprof::decode_gzip(&profile.pprof_gzip, MAX_DECOMPRESSED).map_err(|e| format!("{e:#}"))?;
+    let mut totals = vec![0i64; decoded.sample_type.len()];
+    for sample in &decoded.sample {
+        for (total, value) in totals.iter_mut().zip(&sample.value) {
+            *total = total.saturating_add(*value);
+        }
+    }
+    Ok(totals)
 }
 
 #[tonic::async_trait]
@@ -53,7 +60,7 @@ impl Collector for CollectorService {
         let (mut good, mut refused) = (Vec::new(), Vec::new());
         for profile in request.profiles {
             match check(&profile, now_ns) {
-                Ok(()) => good.push(profile),
+                Ok(totals) => good.push(Checked { profile, totals }),
                 Err(reason) => {
                     tracing::warn!(agent = agent.agent_id, sequence = profile.sequence, "refused a profile: {reason}");
                     refused.push(Refusal { sequence: profile.sequence, reason });

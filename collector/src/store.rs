@@ -41,6 +41,16 @@ pub struct StoredProfile {
     pub agent: Option<AgentIdentity>,
     #[prost(message, optional, tag = "2")]
     pub profile: Option<Profile>,
+    /// The sum of each sample value, taken when the profile was checked: the time series
+    /// reads it without decoding the profile. Empty in profiles stored before it existed.
+    #[prost(int64, repeated, tag = "3")]
+    pub totals: Vec<i64>,
+}
+
+/// A profile that passed the ingest checks, with the totals of its sample values.
+pub struct Checked {
+    pub profile: Profile,
+    pub totals: Vec<i64>,
 }
 
 pub struct Store {
@@ -82,7 +92,7 @@ impl Store {
 
     /// Stores an agent's profiles in one transaction; profiles it delivered before, and
     /// profiles already past retention, are counted as duplicates and dropped.
-    pub fn put(&self, agent: &AgentIdentity, profiles: &[Profile]) -> Result<Stored> {
+    pub fn put(&self, agent: &AgentIdentity, profiles: &[Checked]) -> Result<Stored> {
         let horizon = self.horizon.load(Ordering::Relaxed);
         let db = self.db();
         let txn = db.begin_write()?;
@@ -94,14 +104,14 @@ impl Store {
             let origin = origin(agent);
             let id = origin.as_str();
             let mut through = contiguous.get(id)?.map(|v| v.value()).unwrap_or(0);
-            for profile in profiles {
+            for Checked { profile, totals } in profiles {
                 result.held.push(profile.sequence);
                 let start = profile.start_unix_nanos.max(0) as u64;
                 if start < horizon || profile.sequence <= through || delivered.get((id, profile.sequence))?.is_some() {
                     result.duplicates += 1;
                     continue;
                 }
-                let record = StoredProfile { agent: Some(agent.clone()), profile: Some(profile.clone()) };
+                let record = StoredProfile { agent: Some(agent.clone()), profile: Some(profile.clone()), totals: totals.clone() };
                 stored.insert((start, id, profile.sequence), record.encode_to_vec().as_slice())?;
                 delivered.insert((id, profile.sequence), start)?;
             }
@@ -256,8 +266,9 @@ mod tests {
         dir
     }
 
-    fn profile(sequence: u64, start: i64, bytes: usize) -> Profile {
-        Profile { sequence, kind: "cpu".into(), start_unix_nanos: start, end_unix_nanos: start + 1, pprof_gzip: vec![0; bytes], ..Default::default() }
+    fn profile(sequence: u64, start: i64, bytes: usize) -> Checked {
+        let profile = Profile { sequence, kind: "cpu".into(), start_unix_nanos: start, end_unix_nanos: start + 1, pprof_gzip: vec![0; bytes], ..Default::default() };
+        Checked { profile, totals: vec![] }
     }
 
     #[test]
@@ -300,7 +311,7 @@ mod tests {
         // A hundred spools (pods restarted with fresh spools), ten profiles each.
         for spool in 1..=100u64 {
             let agent = AgentIdentity { agent_id: "pod".into(), spool_id: spool, ..Default::default() };
-            let profiles: Vec<Profile> = (1..=10).map(|n| profile(n, (spool * 100 + n) as i64, 10)).collect();
+            let profiles: Vec<Checked> = (1..=10).map(|n| profile(n, (spool * 100 + n) as i64, 10)).collect();
             store.put(&agent, &profiles).unwrap();
         }
         assert_eq!(entries(&store), (1000, 100));

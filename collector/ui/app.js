@@ -104,6 +104,7 @@ async function load() {
     const base = state.view === "diff" ? ` against ${tree.base_profiles} base profiles` : "";
     $("status").textContent = `${tree.profiles} profiles${base} · ${tree.nodes.name.length} nodes${cut} · ${ms} ms`;
     document.body.dataset.state = "ready";
+    performance.mark("ember-ready");
   } catch (error) {
     if (mine !== loaded) return;
     showError(error.message);

@@ -107,6 +107,13 @@ impl Browser {
         self.pointer(&[to_point(from, 0), down(), to_point(halfway, 100), to_point(to, 100), up()]);
     }
 
+    /// Moves the mouse through `points` (viewport coordinates), `ms` milliseconds each.
+    pub fn hover_path(&self, points: &[(f64, f64)], ms: u64) {
+        let moves: Vec<Value> =
+            points.iter().map(|&(x, y)| json!({"type": "pointerMove", "x": x as i64, "y": y as i64, "origin": "viewport", "duration": ms})).collect();
+        self.pointer(&moves);
+    }
+
     fn pointer(&self, actions: &[Value]) {
         let sequence = json!({"actions": [{"type": "pointer", "id": "mouse", "parameters": {"pointerType": "mouse"}, "actions": actions}]});
         self.session_call("POST", "/actions", sequence);

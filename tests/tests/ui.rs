@@ -119,6 +119,12 @@ fn the_page_shows_the_profile_and_follows_search_zoom_drag_diff_and_tables() {
     let series_total: i64 = series["lines"][0]["values"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).sum();
     assert!(series_total > 200, "too few samples in phase A: {series_total}");
     assert_eq!(series_total, tree["nodes"]["total"][0].as_i64().unwrap(), "the series and the tree count the same samples");
+    // Grouped by a sample label, the series decodes the profiles instead of reading the totals
+    // stored at ingest: the same sum.
+    let by_comm = json_get(http, &format!("/api/series?kind=cpu&{a_range}&group_by=comm"));
+    assert_eq!(by_comm["lines"][0]["name"], "fixture", "{by_comm}");
+    let comm_total: i64 = by_comm["lines"][0]["values"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).sum();
+    assert_eq!(comm_total, series_total);
     assert_eq!(http_get(http, &format!("/api/tree?{a_range}&max_nodes=0")).0, 400);
     assert_eq!(http_get(http, "/api/series?from=0&to=4000000000").0, 400, "a range past the query limit");
 

@@ -1,4 +1,4 @@
-//! `ember-bench oncpu | offcpu | governor | net | transport | unwind | jit | churn | soak`, run by `cargo xtask bench` after
+//! `ember-bench oncpu | offcpu | governor | net | transport | unwind | jit | churn | soak | ui`, run by `cargo xtask bench` after
 //! the release build: Ember and its peers on the same workload, in one command, measured the same way from
 //! /proc: CPU over a steady-state window, peak RSS, and (with kernel.bpf_stats_enabled) the run
 //! time of each profiler's BPF programs and the memory of its maps.
@@ -10,6 +10,7 @@ mod offcpu;
 mod oncpu;
 mod soak;
 mod transport;
+mod ui;
 mod unwind;
 
 use std::{
@@ -26,7 +27,7 @@ use ember_tests::usage::{bpf_usage, cpu_ns, status_kib, BpfStatsEnabled, BpfUsag
 #[command(name = "cargo xtask bench")]
 struct BenchArgs {
     /// Which benchmark.
-    #[arg(value_parser = ["oncpu", "offcpu", "governor", "net", "transport", "unwind", "jit", "churn", "soak"])]
+    #[arg(value_parser = ["oncpu", "offcpu", "governor", "net", "transport", "unwind", "jit", "churn", "soak", "ui"])]
     which: String,
     /// Length of the measured window per run (soak: 600 for the ten minutes its goal is about).
     #[arg(long, default_value_t = 20)]
@@ -66,6 +67,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         "jit" => jit::run(args.seconds),
         "churn" => churn::run(args.seconds),
         "soak" => soak::run(args.seconds),
+        "ui" => ui::run(),
         other => bail!("unknown benchmark {other}"),
     }
 }
