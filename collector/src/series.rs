@@ -52,7 +52,9 @@ fn profile_label<'a>(stored: &'a StoredProfile, key: &str) -> Option<&'a str> {
     }
 }
 
-/// The selection's totals of sample value `value` per step of [from, to) (unix seconds).
+/// The selection's totals of sample value `value` per step of [from, to) (unix seconds). The
+/// step is at least `step`, and at least the profiles' usual length: a shorter one would
+/// alternate between a profile's total and nothing.
 #[allow(clippy::too_many_arguments)]
 pub fn series(
     store: &Store,
@@ -64,40 +66,41 @@ pub fn series(
     group_by: Option<&str>,
     deadline: Option<Instant>,
 ) -> Result<Series> {
-    let points = (to - from).div_ceil(step) as usize;
-    let mut groups: BTreeMap<String, Vec<i64>> = BTreeMap::new();
-    let (mut unit, mut profiles) = (String::new(), 0);
+    // (start s, length s, totals by group) of each profile.
+    let mut found: Vec<(u64, u64, BTreeMap<String, i64>)> = Vec::new();
+    let mut unit = String::new();
     let range = (from.saturating_mul(NS), to.saturating_mul(NS));
     query::scan_matching(store, kind, selector, range, deadline, |stored, sample_terms| {
         let whole = group_by.map(|key| profile_label(&stored, key));
         // The totals stored at ingest answer unless samples must be told apart (profiles
         // stored before there were totals are decoded).
         let by_samples = !sample_terms.is_empty() || whole == Some(None) || stored.totals.len() <= value;
-        if unit.is_empty() || by_samples {
+        let totals = if unit.is_empty() || by_samples {
             let Some(profile) = query::decoded(&stored, sample_terms)? else { return Ok(()) };
             unit = unit_of(&profile, value).to_string();
-            if by_samples {
-                add(&mut groups, &stored, from, step, points, totals(&profile, value, whole, group_by));
-                profiles += 1;
-                return Ok(());
-            }
-        }
-        let name = whole.flatten().unwrap_or("total").to_string();
-        add(&mut groups, &stored, from, step, points, BTreeMap::from([(name, stored.totals[value])]));
-        profiles += 1;
+            by_samples.then(|| totals(&profile, value, whole, group_by))
+        } else {
+            None
+        };
+        let totals = totals.unwrap_or_else(|| BTreeMap::from([(whole.flatten().unwrap_or("total").to_string(), stored.totals[value])]));
+        let profile = stored.profile.as_ref().expect("matched");
+        let start = profile.start_unix_nanos.max(0) as u64;
+        found.push((start / NS, (profile.end_unix_nanos.max(0) as u64).saturating_sub(start) / NS, totals));
         Ok(())
     })?;
-    Ok(Series { from, step, unit, profiles, lines: heaviest(groups) })
-}
-
-/// Adds a profile's totals by group at the point of its start.
-fn add(groups: &mut BTreeMap<String, Vec<i64>>, stored: &StoredProfile, from: u64, step: u64, points: usize, totals: BTreeMap<String, i64>) {
-    let start = stored.profile.as_ref().map_or(0, |p| p.start_unix_nanos.max(0) as u64) / NS;
-    let point = ((start.saturating_sub(from) / step) as usize).min(points - 1);
-    for (group, total) in totals {
-        let values = groups.entry(group).or_insert_with(|| vec![0; points]);
-        values[point] = values[point].saturating_add(total);
+    let mut lengths: Vec<u64> = found.iter().map(|f| f.1).collect();
+    lengths.sort_unstable();
+    let step = step.max(lengths.get(lengths.len() / 2).copied().unwrap_or(1));
+    let points = (to - from).div_ceil(step) as usize;
+    let mut groups: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for (start, _, totals) in &found {
+        let point = ((start.saturating_sub(from) / step) as usize).min(points - 1);
+        for (group, total) in totals {
+            let values = groups.entry(group.clone()).or_insert_with(|| vec![0; points]);
+            values[point] = values[point].saturating_add(*total);
+        }
     }
+    Ok(Series { from, step, unit, profiles: found.len(), lines: heaviest(groups) })
 }
 
 const NS: u64 = 1_000_000_000;
@@ -149,7 +152,39 @@ fn heaviest(groups: BTreeMap<String, Vec<i64>>) -> Vec<Line> {
 
 #[cfg(test)]
 mod tests {
+    use ember_proto::{
+        ember::{AgentIdentity, Profile as Pushed},
+        pprof::{Sample, ValueType},
+    };
+
     use super::*;
+    use crate::store::Checked;
+
+    #[test]
+    fn the_step_is_at_least_the_profiles_length_and_totals_come_from_ingest() {
+        let dir = std::env::temp_dir().join(format!("ember-series-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Store::open(&dir).unwrap();
+        let pprof = Profile {
+            string_table: ["", "samples", "count"].map(String::from).to_vec(),
+            sample_type: vec![ValueType { r#type: 1, unit: 2 }],
+            sample: vec![Sample { value: vec![1], ..Default::default() }],
+            ..Default::default()
+        };
+        // Three 10 s profiles; the stored totals (5, 7, 9) are what the series reads.
+        let profiles: Vec<Checked> = (0..3u64)
+            .map(|i| {
+                let start = (1000 + 10 * i as i64) * NS as i64;
+                let profile = Pushed { sequence: i + 1, kind: "cpu".into(), start_unix_nanos: start, end_unix_nanos: start + 10 * NS as i64, pprof_gzip: ember_pprof::encode_gzip(&pprof), ..Default::default() };
+                Checked { profile, totals: vec![5 + 2 * i as i64] }
+            })
+            .collect();
+        store.put(&AgentIdentity { agent_id: "a".into(), ..Default::default() }, &profiles).unwrap();
+        let found = series(&store, "cpu", &BTreeMap::new(), (1000, 1030), 1, 0, None, None).unwrap();
+        assert_eq!((found.step, found.profiles, found.unit.as_str()), (10, 3, "count"));
+        assert_eq!(found.lines, [Line { name: "total".into(), values: vec![5, 7, 9] }]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn the_step_keeps_a_range_within_its_points() {
