@@ -64,12 +64,16 @@ struct Held {
     /// The binary opened by the symbolizer itself, when `path` is its fd.
     _file: Option<std::fs::File>,
     bytes: u64,
-    last_used: u64,
 }
 
 /// A binary that did not fit beside the ones in use is named from its symbol table for this
 /// many intervals, then tried again: no binary is parsed anew every interval.
 const RETRY_OVER_BUDGET: u64 = 30;
+/// A binary not sampled for this many intervals gives back what naming it holds (its parsed
+/// symbols, its symbol table index): two minutes at the default interval, as long as its
+/// names stay in the frame caches. Without it, what a burst of host processes made the agent
+/// parse stayed until the budget was needed (the soak's step of anonymous RSS).
+const IDLE_INTERVALS: u64 = 12;
 
 pub struct Symbolizer {
     blaze: blazesym::symbolize::Symbolizer,
@@ -93,6 +97,8 @@ pub struct Symbolizer {
     /// Symbol table indexes, with the frames of their functions named so far (shared by
     /// every address in a function).
     indexes: HashMap<(u64, u64), Option<(SymbolIndex, HashMap<usize, Frames>)>>,
+    /// The last interval each binary was sampled in, named from the caches or not.
+    last_sampled: HashMap<(u64, u64), u64>,
     intervals: u64,
     /// Cache hits and misses since the pipeline last took them for the metrics.
     pub hits: u64,
@@ -114,6 +120,7 @@ impl Symbolizer {
             crowded_out: HashMap::new(),
             own_files: HashMap::new(),
             indexes: HashMap::new(),
+            last_sampled: HashMap::new(),
             intervals: 0,
             hits: 0,
             misses: 0,
@@ -135,6 +142,7 @@ impl Symbolizer {
         for site in interval.samples.iter().flat_map(|s| &s.stack) {
             match site {
                 Site::User(UserAddress::File { binary, file_offset }) => {
+                    self.last_sampled.insert(binary.id, self.intervals);
                     if self.user.touch((binary.id, *file_offset)) {
                         self.hits += 1;
                     } else {
@@ -151,6 +159,7 @@ impl Symbolizer {
                 _ => {}
             }
         }
+        self.release_idle();
         for (binary, mut offsets) in user.into_values() {
             offsets.sort_unstable();
             offsets.dedup();
@@ -240,7 +249,7 @@ impl Symbolizer {
         if !self.held.iter().any(|h| h.binary == binary.id) {
             let _file = (source.debug_file.is_none()).then(|| self.own_files.remove(&binary.id)).flatten();
             tracing::debug!(binary = binary.name(), bytes = source.parse_bytes, "symbols parsed and held");
-            self.held.push(Held { binary: binary.id, path, _file, bytes: source.parse_bytes, last_used: self.intervals });
+            self.held.push(Held { binary: binary.id, path, _file, bytes: source.parse_bytes });
         }
         metrics::set("ember_debug_info_held_bytes", &[], self.held.iter().map(|h| h.bytes).sum::<u64>() as f64);
         names
@@ -265,15 +274,15 @@ impl Symbolizer {
     /// binaries not used this interval are released (the least recently used first). A binary
     /// that does not fit is crowded out for a while, and named from its symbol table.
     fn make_room(&mut self, binary: (u64, u64), bytes: u64) -> bool {
-        if let Some(held) = self.held.iter_mut().find(|h| h.binary == binary) {
-            held.last_used = self.intervals;
+        if self.held.iter().any(|h| h.binary == binary) {
             return true;
         }
         loop {
             if self.held.iter().map(|h| h.bytes).sum::<u64>() + bytes <= self.budget {
                 return true;
             }
-            let idle = self.held.iter().enumerate().filter(|(_, h)| h.last_used < self.intervals).min_by_key(|(_, h)| h.last_used).map(|(i, _)| i);
+            let sampled = |h: &Held| self.last_sampled.get(&h.binary).copied().unwrap_or(0);
+            let idle = self.held.iter().enumerate().filter(|(_, h)| sampled(h) < self.intervals).min_by_key(|(_, h)| sampled(h)).map(|(i, _)| i);
             let Some(oldest) = idle else {
                 self.crowded_out.insert(binary, self.intervals + RETRY_OVER_BUDGET);
                 metrics::add("ember_debug_info_crowded_out_total", &[], 1.0);
@@ -283,6 +292,21 @@ impl Symbolizer {
             tracing::debug!(path = %released.path.display(), bytes = released.bytes, "symbols released for another binary");
             let _ = self.blaze.evict(&Evict::Elf(evict::Elf::new(&released.path)));
         }
+    }
+
+    /// Releases the parsed symbols and symbol table indexes of binaries not sampled for
+    /// IDLE_INTERVALS.
+    fn release_idle(&mut self) {
+        let now = self.intervals;
+        self.last_sampled.retain(|_, last| now - *last <= IDLE_INTERVALS);
+        let sampled = &self.last_sampled;
+        let (idle, kept) = std::mem::take(&mut self.held).into_iter().partition(|h| !sampled.contains_key(&h.binary));
+        self.held = kept;
+        for released in idle {
+            tracing::debug!(path = %released.path.display(), bytes = released.bytes, "symbols of an idle binary released");
+            let _ = self.blaze.evict(&Evict::Elf(evict::Elf::new(&released.path)));
+        }
+        self.indexes.retain(|binary, _| sampled.contains_key(binary));
     }
 
     /// Function names only, from the binary's (or its debug file's) symbol table, indexed once.
