@@ -32,6 +32,14 @@ pub struct Binary {
 }
 
 impl Binary {
+    /// The file at `path`, opened outside any process (for tests of what names binaries).
+    #[cfg(test)]
+    pub fn open(path: &str) -> Binary {
+        let file = File::open(path).expect("opening a test binary");
+        let meta = file.metadata().expect("its metadata");
+        Binary { path: path.to_string(), build_id: None, id: (meta.dev(), meta.ino()), size: meta.len(), file }
+    }
+
     /// A path that reaches this exact file from the agent, whatever happens to the original.
     pub fn open_path(&self) -> PathBuf {
         PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))

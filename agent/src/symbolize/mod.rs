@@ -391,9 +391,50 @@ fn to_frames(sym: &Symbolized) -> Option<Frames> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resolve::ResolvedSample;
 
     fn panics() -> f64 {
         metrics::value("ember_symbolizer_panics_total", &[])
+    }
+
+    /// An interval with one sample at `file_offset` of `binary`.
+    fn sampled(binary: &Arc<Binary>, file_offset: u64) -> ResolvedInterval {
+        let sample = ResolvedSample {
+            kind: 0,
+            tgid: 1,
+            pid: 1,
+            comm: String::new(),
+            process: String::new(),
+            labels: Arc::default(),
+            device: String::new(),
+            state: 0,
+            reason: None,
+            stack: vec![Site::User(UserAddress::File { binary: binary.clone(), file_offset })],
+            value: Default::default(),
+        };
+        ResolvedInterval { samples: vec![sample], ..Default::default() }
+    }
+
+    #[test]
+    fn a_binary_not_sampled_for_a_while_gives_back_its_symbols_and_index() {
+        // This test's own executable: within a large budget blazesym holds it parsed; with
+        // none, it is named from a symbol table index.
+        let binary = Arc::new(Binary::open("/proc/self/exe"));
+        for (budget, holds) in [(1 << 40, "held"), (0, "indexed")] {
+            let mut symbolizer = Symbolizer::new(&SymbolSettings { debug_info_budget: budget, ..Default::default() });
+            let kept = |s: &Symbolizer| if budget == 0 { s.indexes.contains_key(&binary.id) } else { s.held.iter().any(|h| h.binary == binary.id) };
+            symbolizer.prepare(&sampled(&binary, 0x1000));
+            assert!(kept(&symbolizer), "{holds} once sampled");
+            for _ in 0..IDLE_INTERVALS {
+                symbolizer.prepare(&ResolvedInterval::default());
+            }
+            assert!(kept(&symbolizer), "still {holds} after {IDLE_INTERVALS} idle intervals");
+            symbolizer.prepare(&ResolvedInterval::default());
+            assert!(!kept(&symbolizer), "{holds} no longer, one interval later");
+            // Sampled again, it is named again.
+            symbolizer.prepare(&sampled(&binary, 0x1000));
+            assert!(kept(&symbolizer), "{holds} again once sampled again");
+        }
     }
 
     #[test]
