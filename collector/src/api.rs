@@ -12,8 +12,10 @@ use axum::{
 use serde::Serialize;
 
 use crate::{
-    http::{checked_range, error, limited, range_or_default, selector, Api, Params, NS},
-    labels, query, series,
+    http::{checked_range, error, limited, range_or_default, selector, Api, Params},
+    labels,
+    query::{self, NS},
+    series,
     tree::{Tree, TreeBuilder},
 };
 
@@ -91,7 +93,7 @@ pub(crate) async fn tree_handler(State(api): State<Arc<Api>>, Query(q): Query<Pa
         let mut add = |slot: usize, selector, (from, to): (u64, u64)| {
             query::visit_matching(&store, &kind, selector, (from.saturating_mul(NS), to.saturating_mul(NS)), Some(deadline), |_, profile| {
                 if sample_types.is_empty() {
-                    let text = |i: i64| profile.string_table.get(i as usize).cloned().unwrap_or_default();
+                    let text = |i: i64| ember_pprof::string(&profile.string_table, i).to_string();
                     sample_types = profile.sample_type.iter().map(|t| (text(t.r#type), text(t.unit))).collect();
                 }
                 builder.add(&profile, value, roots, slot);

@@ -22,7 +22,12 @@ use serde::Deserialize;
 
 use ember_proto::security::authorized;
 
-use crate::{api, query, store::Store, ui};
+use crate::{
+    api,
+    query::{self, NS},
+    store::Store,
+    ui,
+};
 
 /// What a query may cost.
 #[derive(Clone, Copy, Debug)]
@@ -165,17 +170,16 @@ pub(crate) async fn merged(api: &Api, kind: &str, selector_text: &str, from: u64
     }
 }
 
-pub(crate) const NS: u64 = 1_000_000_000;
-
 async fn query_handler(State(api): State<Arc<Api>>, Query(q): Query<Params>) -> Response {
     if !query::FORMATS.contains(&q.format.as_str()) {
         return error(StatusCode::BAD_REQUEST, format!("unknown format {:?}: use pprof, folded or svg", q.format));
     }
-    let profile = match range_or_default(&api, q.from, q.to) {
-        Ok((from, to)) => match merged(&api, &q.kind, &q.selector, from, to).await {
-            Ok(found) => found,
-            Err(response) => return response,
-        },
+    let (from, to) = match range_or_default(&api, q.from, q.to) {
+        Ok(range) => range,
+        Err(response) => return response,
+    };
+    let profile = match merged(&api, &q.kind, &q.selector, from, to).await {
+        Ok(found) => found,
         Err(response) => return response,
     };
     match query::render(&profile, &q.kind, &q.format) {

@@ -7,10 +7,10 @@ use std::{
     time::Instant,
 };
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use serde::Serialize;
 
-use crate::store::Store;
+use crate::{query, store::Store};
 
 /// Profiles, the latest of the range, whose sample labels are read.
 const SAMPLED_PROFILES: usize = 16;
@@ -40,31 +40,25 @@ impl Labels {
 }
 
 /// The labels of the `kind` profiles of [from, to) (unix ns).
-pub fn labels(store: &Store, kind: &str, (from, to): (u64, u64), deadline: Instant) -> Result<Labels> {
+pub fn labels(store: &Store, kind: &str, range: (u64, u64), deadline: Instant) -> Result<Labels> {
     let mut found = Labels::default();
     let mut latest = VecDeque::with_capacity(SAMPLED_PROFILES);
-    store.scan(from, to, |stored| {
-        if Instant::now() > deadline {
-            bail!("listing labels ran out of time: narrow the range");
+    query::scan_matching(store, kind, &BTreeMap::new(), range, Some(deadline), |stored, _| {
+        for key in ["agent", "host"] {
+            found.add(key, query::profile_label(&stored, key).unwrap_or(""));
         }
-        let (Some(agent), Some(profile)) = (stored.agent, stored.profile) else { return Ok(()) };
-        if profile.kind != kind {
-            return Ok(());
-        }
-        found.add("agent", &agent.agent_id);
-        found.add("host", &agent.hostname);
-        for (name, value) in &profile.labels {
+        for (name, value) in &stored.profile.as_ref().expect("matched").labels {
             found.add(name, value);
         }
         if latest.len() == SAMPLED_PROFILES {
             latest.pop_front();
         }
-        latest.push_back(profile.pprof_gzip);
+        latest.push_back(stored);
         Ok(())
     })?;
-    for bytes in latest {
-        let profile = ember_pprof::decode_gzip(&bytes, crate::service::MAX_DECOMPRESSED)?;
-        let text = |i: i64| usize::try_from(i).ok().and_then(|i| profile.string_table.get(i)).map_or("", String::as_str);
+    for stored in latest {
+        let Some(profile) = query::decoded(&stored, &[])? else { continue };
+        let text = |i: i64| ember_pprof::string(&profile.string_table, i);
         for label in profile.sample.iter().flat_map(|s| &s.label).filter(|l| l.num == 0) {
             found.add(text(label.key), text(label.str));
         }

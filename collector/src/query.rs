@@ -22,18 +22,31 @@ pub fn parse_selector(text: &str) -> Result<BTreeMap<String, String>> {
         .collect()
 }
 
+/// Nanoseconds in a second: queries take unix seconds, profiles carry unix nanoseconds.
+pub const NS: u64 = 1_000_000_000;
+
+/// A profile-level label: the agent's identity (agent, host), or the profile's own labels;
+/// None for keys only its samples may carry.
+pub fn profile_label<'a>(stored: &'a StoredProfile, key: &str) -> Option<&'a str> {
+    let (agent, profile) = (stored.agent.as_ref()?, stored.profile.as_ref()?);
+    match key {
+        "agent" => Some(&agent.agent_id),
+        "host" => Some(&agent.hostname),
+        _ => profile.labels.get(key).map(String::as_str),
+    }
+}
+
 /// Whether a stored profile matches; the terms its own labels cannot decide go to
 /// `sample_terms`, to select its samples.
 fn matches<'s>(stored: &StoredProfile, kind: &str, selector: &'s BTreeMap<String, String>, sample_terms: &mut Vec<(&'s str, &'s str)>) -> bool {
-    let (Some(agent), Some(profile)) = (&stored.agent, &stored.profile) else { return false };
+    let Some(profile) = &stored.profile else { return false };
     sample_terms.clear();
     profile.kind == kind
-        && selector.iter().all(|(k, v)| match (k.as_str(), profile.labels.get(k)) {
-            ("agent", _) => &agent.agent_id == v,
-            ("host", _) => &agent.hostname == v,
-            (_, Some(label)) => label == v,
-            (key, None) => {
-                sample_terms.push((key, v));
+        && stored.agent.is_some()
+        && selector.iter().all(|(k, v)| match profile_label(stored, k) {
+            Some(label) => label == v,
+            None => {
+                sample_terms.push((k, v));
                 true
             }
         })

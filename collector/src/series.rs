@@ -8,8 +8,8 @@ use ember_proto::pprof::Profile;
 use serde::Serialize;
 
 use crate::{
-    query,
-    store::{Store, StoredProfile},
+    query::{self, profile_label, NS},
+    store::Store,
 };
 
 /// Lines a grouped series shows before the rest are summed as "other".
@@ -42,16 +42,6 @@ pub fn step(seconds: u64, wanted: Option<u64>) -> u64 {
     wanted.unwrap_or(1).max(1).max(seconds.div_ceil(MAX_POINTS))
 }
 
-/// A profile-level label: the agent's identity, or the profile's own labels.
-fn profile_label<'a>(stored: &'a StoredProfile, key: &str) -> Option<&'a str> {
-    let (agent, profile) = (stored.agent.as_ref()?, stored.profile.as_ref()?);
-    match key {
-        "agent" => Some(&agent.agent_id),
-        "host" => Some(&agent.hostname),
-        _ => profile.labels.get(key).map(String::as_str),
-    }
-}
-
 /// The selection's totals of sample value `value` per step of [from, to) (unix seconds). The
 /// step is at least `step`, and at least the profiles' usual length: a shorter one would
 /// alternate between a profile's total and nothing.
@@ -71,18 +61,19 @@ pub fn series(
     let mut unit = String::new();
     let range = (from.saturating_mul(NS), to.saturating_mul(NS));
     query::scan_matching(store, kind, selector, range, deadline, |stored, sample_terms| {
-        let whole = group_by.map(|key| profile_label(&stored, key));
+        // The group's key, and its value if the profile's own labels carry it.
+        let group = group_by.map(|key| (key, profile_label(&stored, key)));
         // The totals stored at ingest answer unless samples must be told apart (profiles
         // stored before there were totals are decoded).
-        let by_samples = !sample_terms.is_empty() || whole == Some(None) || stored.totals.len() <= value;
+        let by_samples = !sample_terms.is_empty() || matches!(group, Some((_, None))) || stored.totals.len() <= value;
         let totals = if unit.is_empty() || by_samples {
             let Some(profile) = query::decoded(&stored, sample_terms)? else { return Ok(()) };
-            unit = unit_of(&profile, value).to_string();
-            by_samples.then(|| totals(&profile, value, whole, group_by))
+            unit = ember_pprof::unit(&profile, value).to_string();
+            by_samples.then(|| totals(&profile, value, group))
         } else {
             None
         };
-        let totals = totals.unwrap_or_else(|| BTreeMap::from([(whole.flatten().unwrap_or("total").to_string(), stored.totals[value])]));
+        let totals = totals.unwrap_or_else(|| BTreeMap::from([(group.and_then(|g| g.1).unwrap_or("total").to_string(), stored.totals[value])]));
         let profile = stored.profile.as_ref().expect("matched");
         let start = profile.start_unix_nanos.max(0) as u64;
         found.push((start / NS, (profile.end_unix_nanos.max(0) as u64).saturating_sub(start) / NS, totals));
@@ -103,33 +94,26 @@ pub fn series(
     Ok(Series { from, step, unit, profiles: found.len(), lines: heaviest(groups) })
 }
 
-const NS: u64 = 1_000_000_000;
-
-fn unit_of(profile: &Profile, value: usize) -> &str {
-    let unit = profile.sample_type.get(value).map_or(0, |t| t.unit);
-    profile.string_table.get(unit as usize).map_or("", String::as_str)
-}
-
-/// A profile's totals by group: all of it under "total" without a group; under its own label
-/// when the key is a profile label (`whole`); else by each sample's label ("[none]" without).
-fn totals(profile: &Profile, value: usize, whole: Option<Option<&str>>, key: Option<&str>) -> BTreeMap<String, i64> {
-    let sum = |samples: &mut dyn Iterator<Item = &ember_proto::pprof::Sample>| {
-        samples.map(|s| s.value.get(value).copied().unwrap_or(0)).fold(0i64, i64::saturating_add)
+/// A profile's totals by group (key, the profile's own value of it): all of it under
+/// "total" without a group, or under the profile's value; else by each sample's value of the
+/// key ("[none]" without).
+fn totals(profile: &Profile, value: usize, group: Option<(&str, Option<&str>)>) -> BTreeMap<String, i64> {
+    let text = |i: i64| ember_pprof::string(&profile.string_table, i);
+    // The one group of the whole profile, there even if it has no samples.
+    let whole = match group {
+        None => Some("total"),
+        Some((_, own)) => own,
     };
-    match (whole, key) {
-        (None, _) | (_, None) => BTreeMap::from([("total".to_string(), sum(&mut profile.sample.iter()))]),
-        (Some(Some(label)), _) => BTreeMap::from([(label.to_string(), sum(&mut profile.sample.iter()))]),
-        (Some(None), Some(key)) => {
-            let text = |i: i64| usize::try_from(i).ok().and_then(|i| profile.string_table.get(i)).map_or("", String::as_str);
-            let mut by_label = BTreeMap::new();
-            for sample in &profile.sample {
-                let label = sample.label.iter().find(|l| l.num == 0 && text(l.key) == key).map_or("[none]", |l| text(l.str));
-                let total: &mut i64 = by_label.entry(label.to_string()).or_default();
-                *total = total.saturating_add(sample.value.get(value).copied().unwrap_or(0));
-            }
-            by_label
-        }
+    let mut by_group: BTreeMap<String, i64> = whole.map(|name| (name.to_string(), 0)).into_iter().collect();
+    for sample in &profile.sample {
+        let name = whole.unwrap_or_else(|| {
+            let key = group.map_or("", |g| g.0);
+            sample.label.iter().find(|l| l.num == 0 && text(l.key) == key).map_or("[none]", |l| text(l.str))
+        });
+        let total: &mut i64 = by_group.entry(name.to_string()).or_default();
+        *total = total.saturating_add(sample.value.get(value).copied().unwrap_or(0));
     }
+    by_group
 }
 
 /// The MAX_GROUPS heaviest lines, heaviest first, and the rest summed as "other".

@@ -100,7 +100,7 @@ impl TreeBuilder {
     /// Adds the samples of `profile`, weighed by its value `value`, rooted at the string
     /// labels `roots`, into slot `slot` (0: the range shown, 1: the base of a diff).
     pub fn add(&mut self, profile: &Profile, value: usize, roots: &[&str], slot: usize) {
-        let text = |i: i64| usize::try_from(i).ok().and_then(|i| profile.string_table.get(i)).map_or("", String::as_str);
+        let text = |i: i64| ember_pprof::string(&profile.string_table, i);
         let mapping_kinds: FastMap<u64, FrameKind> = profile.mapping.iter().map(|m| (m.id, frame_kind(text(m.filename)))).collect();
         let functions: FastMap<u64, (&str, &str)> = profile.function.iter().map(|f| (f.id, (text(f.name), text(f.filename)))).collect();
         // Each location's frames, root first, as a range of one flat list.

@@ -391,10 +391,6 @@ function drawSandwich() {
 const callersGraph = new FlameGraph($("callers"), $("callers-tooltip"), () => {}, true);
 const calleesGraph = new FlameGraph($("callees"), $("callees-tooltip"), () => {});
 
-function pct(share) {
-  return (share * 100).toFixed(1) + "%";
-}
-
 // Dates in the range inputs, in local time.
 function toInput(seconds) {
   const d = new Date(seconds * 1000 - new Date().getTimezoneOffset() * 60000);

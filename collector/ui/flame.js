@@ -25,15 +25,14 @@ function hash(text) {
   return (h >>> 0) / 4294967296;
 }
 
-// The layout of a columnar tree: each node's parent and its offset (in value units) from the
-// root's left edge, and the nodes of each depth in left-to-right order, for hit tests.
+// The layout of a columnar tree: each node's parent, its offset (in value units) from the
+// root's left edge, and how many rows the tree takes.
 function layout(tree) {
   const n = tree.nodes.name.length;
   const parent = new Int32Array(n);
   const x = new Float64Array(n);
   const cursor = new Float64Array(n);
   const lastAt = [];
-  const byDepth = [];
   for (let i = 0; i < n; i++) {
     const d = tree.nodes.depth[i];
     const p = d === 0 ? -1 : lastAt[d - 1];
@@ -44,9 +43,8 @@ function layout(tree) {
     }
     cursor[i] = x[i];
     lastAt[d] = i;
-    (byDepth[d] = byDepth[d] || []).push(i);
   }
-  return { parent, x, byDepth };
+  return { parent, x, rows: lastAt.length };
 }
 
 class FlameGraph {
@@ -123,7 +121,7 @@ class FlameGraph {
     const canvas = this.canvas;
     const width = canvas.parentElement.clientWidth;
     const ratio = window.devicePixelRatio || 1;
-    const depth = t ? this.layout.byDepth.length : 1;
+    const depth = t ? this.layout.rows : 1;
     const height = depth * ROW;
     canvas.style.width = width + "px";
     canvas.style.height = height + "px";
@@ -227,6 +225,7 @@ class FlameGraph {
   }
 }
 
+// A share as a percentage, with more digits for the tiny ones (the page's tables use it too).
 function pct(share) {
   return (share * 100).toFixed(share < 0.001 ? 3 : 1) + "%";
 }

@@ -8,5 +8,5 @@ mod views;
 pub use codec::{decode_gzip, encode_gzip};
 pub use merge::merge;
 pub use select::retain_samples;
-pub use strings::StringIndex;
-pub use views::{flamegraph, folded, view, View, JIT_MAPPING, KERNEL_MAPPING};
+pub use strings::{string, StringIndex};
+pub use views::{flamegraph, folded, unit, view, View, JIT_MAPPING, KERNEL_MAPPING};

@@ -24,7 +24,7 @@ impl Merger {
     }
 
     fn add(&mut self, p: &Profile) -> Result<()> {
-        let s = |i: i64| p.string_table.get(i as usize).map(String::as_str).unwrap_or("");
+        let s = |i: i64| crate::string(&p.string_table, i);
         let mut function_ids = HashMap::new();
         for f in &p.function {
             let (name, filename) = (self.string(s(f.name)), self.string(s(f.filename)));

@@ -2,10 +2,12 @@
 //! namespace=prod), so a query can slice a host's profile down to one target.
 use ember_proto::pprof::Profile;
 
+use crate::string;
+
 /// Keeps the samples that carry every (key, value) as a string label; returns how many remain.
 pub fn retain_samples(profile: &mut Profile, terms: &[(&str, &str)]) -> usize {
     let strings = &profile.string_table;
-    let text = |index: i64| usize::try_from(index).ok().and_then(|i| strings.get(i)).map_or("", String::as_str);
+    let text = |index: i64| string(strings, index);
     profile.sample.retain(|sample| {
         terms.iter().all(|(key, value)| sample.label.iter().any(|l| text(l.key) == *key && l.num == 0 && text(l.str) == *value))
     });

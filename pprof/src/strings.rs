@@ -1,6 +1,12 @@
 //! pprof's string table: every string once, referred to by index; index 0 is "".
 use std::collections::HashMap;
 
+/// The string at `index` of a string table; "" for an index out of range (a decoded profile's
+/// indexes are checked, but a view must not panic on a merge of hostile ones).
+pub fn string(table: &[String], index: i64) -> &str {
+    usize::try_from(index).ok().and_then(|i| table.get(i)).map_or("", String::as_str)
+}
+
 #[derive(Default)]
 pub struct StringIndex(HashMap<String, i64>);
 

@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 use anyhow::{Context as _, Result};
 use ember_proto::pprof::Profile;
 
+use crate::string;
+
 /// How one kind of profile is viewed: the sample value that weighs its stacks, and the labels
 /// shown as its root frames. The agent's local views and the collector's queries share it.
 pub struct View {
@@ -34,9 +36,14 @@ impl View {
 
     /// Unit of the weighing value, from the profile's own sample types.
     pub fn unit<'p>(&self, profile: &'p Profile) -> &'p str {
-        let unit = profile.sample_type.get(self.value).map_or(0, |t| t.unit);
-        profile.string_table.get(unit as usize).map_or("", String::as_str)
+        unit(profile, self.value)
     }
+}
+
+/// Unit of sample value `value` ("count", "nanoseconds", "bytes"), from the profile's own
+/// sample types; "" if it has no such value.
+pub fn unit(profile: &Profile, value: usize) -> &str {
+    string(&profile.string_table, profile.sample_type.get(value).map_or(0, |t| t.unit))
 }
 
 /// Name of the mapping that holds kernel frames (as perf names it).
@@ -50,7 +57,7 @@ pub const JIT_MAPPING: &str = "[jit]";
 /// `_[j]` and inlined functions `_[i]`, as perf's folded output does.
 /// Fails only if a stack's total overflows (possible only in merges of hostile profiles).
 pub fn folded(profile: &Profile, value_index: usize, root_labels: &[&str]) -> Result<Vec<String>> {
-    let s = |i: i64| profile.string_table.get(i as usize).map(String::as_str).unwrap_or("");
+    let s = |i: i64| string(&profile.string_table, i);
     let functions: HashMap<u64, &str> = profile.function.iter().map(|f| (f.id, s(f.name))).collect();
     let mappings_named = |name: &str| -> Vec<u64> { profile.mapping.iter().filter(|m| s(m.filename) == name).map(|m| m.id).collect() };
     let (kernel_mappings, jit_mappings) = (mappings_named(KERNEL_MAPPING), mappings_named(JIT_MAPPING));

@@ -97,21 +97,18 @@ impl Browser {
     }
 
     /// Real pointer input at viewport coordinates: a click, or a press, moves and a release.
-    pub fn click(&self, (x, y): (f64, f64)) {
-        self.pointer(&[json!({"type": "pointerMove", "x": x as i64, "y": y as i64, "origin": "viewport"}), down(), up()]);
+    pub fn click(&self, point: (f64, f64)) {
+        self.pointer(&[move_to(point, 0), down(), up()]);
     }
 
     pub fn drag(&self, from: (f64, f64), to: (f64, f64)) {
-        let to_point = |(x, y): (f64, f64), ms: u64| json!({"type": "pointerMove", "x": x as i64, "y": y as i64, "origin": "viewport", "duration": ms});
         let halfway = ((from.0 + to.0) / 2.0, (from.1 + to.1) / 2.0);
-        self.pointer(&[to_point(from, 0), down(), to_point(halfway, 100), to_point(to, 100), up()]);
+        self.pointer(&[move_to(from, 0), down(), move_to(halfway, 100), move_to(to, 100), up()]);
     }
 
     /// Moves the mouse through `points` (viewport coordinates), `ms` milliseconds each.
     pub fn hover_path(&self, points: &[(f64, f64)], ms: u64) {
-        let moves: Vec<Value> =
-            points.iter().map(|&(x, y)| json!({"type": "pointerMove", "x": x as i64, "y": y as i64, "origin": "viewport", "duration": ms})).collect();
-        self.pointer(&moves);
+        self.pointer(&points.iter().map(|&point| move_to(point, ms)).collect::<Vec<_>>());
     }
 
     fn pointer(&self, actions: &[Value]) {
@@ -145,6 +142,11 @@ impl Browser {
             .map(|e| format!("{} {}", e["level"].as_str().unwrap_or(""), e["message"].as_str().unwrap_or("")))
             .collect()
     }
+}
+
+/// A pointer move to viewport coordinates, taking `ms` milliseconds.
+fn move_to((x, y): (f64, f64), ms: u64) -> Value {
+    json!({"type": "pointerMove", "x": x as i64, "y": y as i64, "origin": "viewport", "duration": ms})
 }
 
 fn down() -> Value {
