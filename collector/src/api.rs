@@ -61,6 +61,8 @@ struct TreeAnswer {
     /// Profiles merged into the tree, and into its base.
     profiles: usize,
     base_profiles: usize,
+    /// Stored records decoded for both: roll-ups (each many profiles) and raw profiles.
+    records: usize,
     #[serde(flatten)]
     tree: Tree,
 }
@@ -89,9 +91,10 @@ pub(crate) async fn tree_handler(State(api): State<Arc<Api>>, Query(q): Query<Pa
     let work = move |deadline| {
         let roots = ember_pprof::view(&kind).roots;
         let mut builder = TreeBuilder::default();
-        let mut sample_types = Vec::new();
+        let (mut sample_types, mut records) = (Vec::new(), 0);
         let mut add = |slot: usize, selector, (from, to): (u64, u64)| {
             query::visit_matching(&store, &kind, selector, (from.saturating_mul(NS), to.saturating_mul(NS)), Some(deadline), |_, profile| {
+                records += 1;
                 if sample_types.is_empty() {
                     let text = |i: i64| ember_pprof::string(&profile.string_table, i).to_string();
                     sample_types = profile.sample_type.iter().map(|t| (text(t.r#type), text(t.unit))).collect();
@@ -106,7 +109,7 @@ pub(crate) async fn tree_handler(State(api): State<Arc<Api>>, Query(q): Query<Pa
             None => 0,
         };
         let tree = builder.finish(max_nodes, base.is_some());
-        Ok(TreeAnswer { kind, value, sample_types, profiles, base_profiles, tree })
+        Ok(TreeAnswer { kind, value, sample_types, profiles, base_profiles, records, tree })
     };
     match limited(&api, work).await {
         Ok(found) => Json(found).into_response(),

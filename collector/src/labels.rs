@@ -1,7 +1,7 @@
 //! Label names and values over a range, for the web UI's selector completion: every profile's
 //! own labels (agent, host, static labels), and the sample labels (comm, pod, ...) of the
-//! latest few profiles, since reading those means decoding the profile. Values are capped per
-//! name so that a label such as a thread id cannot make the answer unbounded.
+//! latest few profiles or roll-ups, since reading those means decoding them. Values are
+//! capped per name so that a label such as a thread id cannot make the answer unbounded.
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
     time::Instant,
@@ -10,7 +10,10 @@ use std::{
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::{query, store::Store};
+use crate::{
+    query,
+    store::{Detail, Store},
+};
 
 /// Profiles, the latest of the range, whose sample labels are read.
 const SAMPLED_PROFILES: usize = 16;
@@ -43,7 +46,7 @@ impl Labels {
 pub fn labels(store: &Store, kind: &str, range: (u64, u64), deadline: Instant) -> Result<Labels> {
     let mut found = Labels::default();
     let mut latest = VecDeque::with_capacity(SAMPLED_PROFILES);
-    query::scan_matching(store, kind, &BTreeMap::new(), range, Some(deadline), |stored, _| {
+    query::scan_matching(store, kind, &BTreeMap::new(), range, Detail::RollUps, Some(deadline), |stored, _| {
         for key in ["agent", "host"] {
             found.add(key, query::profile_label(&stored, key).unwrap_or(""));
         }

@@ -1,15 +1,18 @@
 //! ember-collector: receives profiles pushed by agents over gRPC, keeps them in an embedded
 //! store under a data directory, and answers queries. This file is the command line: it
 //! resolves `serve`'s settings and dispatches. `server` wires the running collector (`service`
-//! ingest, `store`, `http`/`https` queries over `query`, `pull` loops); `offline` answers
+//! ingest, `store`, `rollup` of time `buckets`, `http`/`https` queries over `query`, `pull`
+//! loops); `offline` answers
 //! `list` and `query` from a stopped collector's data directory.
 mod api;
+mod buckets;
 mod http;
 mod https;
 mod labels;
 mod offline;
 mod pull;
 mod query;
+mod rollup;
 mod series;
 mod server;
 mod service;
@@ -55,6 +58,11 @@ enum Command {
         /// first).
         #[arg(long, default_value_t = 10_240)]
         max_size_mib: u64,
+        /// Roll a time bucket's profiles up (one merged profile per agent, read by queries
+        /// instead of each) this many seconds after the bucket ends. A profile that arrives
+        /// later undoes its bucket's roll-up until it is built again.
+        #[arg(long, default_value_t = 60)]
+        rollup_delay_seconds: u64,
         /// The longest time range one query may merge, in hours.
         #[arg(long, default_value_t = 168, value_parser = clap::value_parser!(u64).range(1..=87_600))]
         query_max_range_hours: u64,
@@ -136,7 +144,7 @@ pub fn main() -> ExitCode {
         .init();
     let result = match Cli::parse().command {
         Command::Serve {
-            listen, http, data_dir, retention_hours, max_size_mib, query_max_range_hours, query_concurrency,
+            listen, http, data_dir, retention_hours, max_size_mib, rollup_delay_seconds, query_max_range_hours, query_concurrency,
             query_timeout_ms, token_file, pull, pull_tls_ca, pull_tls_cert, pull_tls_key, pull_token_file, tls_cert,
             tls_key, tls_client_ca, plaintext,
         } => {
@@ -158,6 +166,7 @@ pub fn main() -> ExitCode {
                     data_dir,
                     retention: Duration::from_secs(retention_hours * 3600),
                     max_bytes: max_size_mib << 20,
+                    rollup_delay: Duration::from_secs(rollup_delay_seconds),
                     query_limits: QueryLimits {
                         max_range: Duration::from_secs(query_max_range_hours * 3600),
                         concurrent: query_concurrency as usize,

@@ -8,7 +8,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use ember_proto::pprof::Profile;
 
-use crate::store::{Store, StoredProfile};
+use crate::store::{Detail, Store, StoredProfile};
 
 /// "service=api,pod=x": every pair must match the profile's labels (agent, host, node, static
 /// labels) or, for keys the profile does not carry, its samples' labels (pod, namespace, ...).
@@ -65,13 +65,14 @@ pub fn scan_matching<'s>(
     kind: &str,
     selector: &'s BTreeMap<String, String>,
     (from, to): (u64, u64),
+    detail: Detail,
     deadline: Option<Instant>,
     mut visit: impl FnMut(StoredProfile, &[(&'s str, &'s str)]) -> Result<()>,
 ) -> Result<()> {
     let (mut read, mut sample_terms) = (0, Vec::new());
-    store.scan(from, to, |stored| {
+    store.scan(from, to, detail, |stored| {
         if deadline.is_some_and(|d| Instant::now() > d) {
-            bail!("the query ran out of time after reading {read} profiles: narrow its range or selector");
+            bail!("the query ran out of time after reading {read} profiles or roll-ups: narrow its range or selector");
         }
         read += 1;
         if matches(&stored, kind, selector, &mut sample_terms) {
@@ -88,8 +89,8 @@ pub fn decoded(stored: &StoredProfile, sample_terms: &[(&str, &str)]) -> Result<
     Ok((sample_terms.is_empty() || ember_pprof::retain_samples(&mut profile, sample_terms) > 0).then_some(profile))
 }
 
-/// Hands `visit` each profile of [from, to) that matches, decoded (see `decoded`); returns how
-/// many it visited. Decoding (inflating, parsing) runs on a thread of its own, a few profiles
+/// Hands `visit` each profile of [from, to) that matches, decoded (see `decoded`), or the
+/// roll-up that holds it; returns how many raw profiles that was. Decoding (inflating, parsing) runs on a thread of its own, a few profiles
 /// ahead of `visit`, so that a large query uses two cores.
 pub fn visit_matching(
     store: &Store,
@@ -102,7 +103,7 @@ pub fn visit_matching(
     let (sender, receiver) = std::sync::mpsc::sync_channel::<Result<(StoredProfile, Profile)>>(16);
     std::thread::scope(|scope| {
         scope.spawn(move || {
-            let scanned = scan_matching(store, kind, selector, range, deadline, |stored, sample_terms| {
+            let scanned = scan_matching(store, kind, selector, range, Detail::RollUps, deadline, |stored, sample_terms| {
                 if let Some(profile) = decoded(&stored, sample_terms)? {
                     // A closed channel: the visitor failed, and has its error.
                     sender.send(Ok((stored, profile))).map_err(|_| anyhow::anyhow!("the query stopped"))?;
@@ -116,7 +117,7 @@ pub fn visit_matching(
         let mut count = 0;
         for item in receiver {
             let (stored, profile) = item?;
-            count += 1;
+            count += stored.profiles() as usize;
             visit(&stored, profile)?;
         }
         Ok(count)

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::{
     query::{self, profile_label, NS},
-    store::Store,
+    store::{Detail, Store},
 };
 
 /// Lines a grouped series shows before the rest are summed as "other".
@@ -60,7 +60,7 @@ pub fn series(
     let mut found: Vec<(u64, u64, BTreeMap<String, i64>)> = Vec::new();
     let mut unit = String::new();
     let range = (from.saturating_mul(NS), to.saturating_mul(NS));
-    query::scan_matching(store, kind, selector, range, deadline, |stored, sample_terms| {
+    query::scan_matching(store, kind, selector, range, Detail::Profiles, deadline, |stored, sample_terms| {
         // The group's key, and its value if the profile's own labels carry it.
         let group = group_by.map(|key| (key, profile_label(&stored, key)));
         // The totals stored at ingest answer unless samples must be told apart (profiles

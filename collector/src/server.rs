@@ -11,7 +11,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use ember_proto::{ember::collector_server::CollectorServer, security};
 
-use crate::{http, pull, service, store};
+use crate::{http, pull, rollup, service, store};
 
 /// `ember-collector serve`, resolved.
 pub struct ServeSettings {
@@ -25,6 +25,7 @@ pub struct ServeSettings {
     pub data_dir: PathBuf,
     pub retention: Duration,
     pub max_bytes: u64,
+    pub rollup_delay: Duration,
     pub query_limits: http::QueryLimits,
 }
 
@@ -46,7 +47,16 @@ pub async fn serve(args: ServeSettings) -> Result<()> {
         }
         let _ = stop.send(true);
     });
-    tokio::spawn(retention(store.clone(), args.retention, args.max_bytes, until_stopped()));
+    let (retained, max_age, max_bytes) = (store.clone(), args.retention, args.max_bytes);
+    tokio::spawn(every(Duration::from_secs(60), ("retention: deleted old profiles", false), until_stopped(), move || {
+        let oldest = std::time::SystemTime::now().checked_sub(max_age).unwrap_or(UNIX_EPOCH);
+        retained.enforce_retention(oldest.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() as u64, max_bytes)
+    }));
+    // Buckets come due `rollup_delay` after they end.
+    let (rolled, delay) = (store.clone(), args.rollup_delay.as_nanos().min(u64::MAX.into()) as u64);
+    tokio::spawn(every(Duration::from_secs(10), ("rolled up time buckets", true), until_stopped(), move || {
+        rollup::roll_due(&rolled, service::now_ns() as u64, delay)
+    }));
     for source in args.pull {
         tokio::spawn(pull::pull_forever(source, store.clone(), until_stopped()));
     }
@@ -75,23 +85,27 @@ pub async fn serve(args: ServeSettings) -> Result<()> {
     Ok(())
 }
 
-/// Applies retention once a minute.
-async fn retention(store: Arc<store::Store>, max_age: Duration, max_bytes: u64, stop: impl std::future::Future<Output = ()>) {
+/// Runs `work` on a blocking thread every `period` until `stop`, logging what it did (how
+/// many things, when not none; at debug level for routine work) or why it failed.
+async fn every(
+    period: Duration,
+    (what, routine): (&'static str, bool),
+    stop: impl std::future::Future<Output = ()>,
+    work: impl Fn() -> Result<usize> + Clone + Send + 'static,
+) {
     tokio::pin!(stop);
-    let mut every = tokio::time::interval(Duration::from_secs(60));
+    let mut ticks = tokio::time::interval(period);
     loop {
         tokio::select! {
             _ = &mut stop => return,
-            _ = every.tick() => {}
+            _ = ticks.tick() => {}
         }
-        let oldest = std::time::SystemTime::now().checked_sub(max_age).unwrap_or(UNIX_EPOCH);
-        let min_start = oldest.duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
-        let store = store.clone();
-        match tokio::task::spawn_blocking(move || store.enforce_retention(min_start, max_bytes)).await {
+        match tokio::task::spawn_blocking(work.clone()).await {
             Ok(Ok(0)) => {}
-            Ok(Ok(deleted)) => tracing::info!(deleted, "retention: deleted old profiles"),
-            Ok(Err(e)) => tracing::error!("retention failed: {e:#}"),
-            Err(e) => tracing::error!("retention task failed: {e}"),
+            Ok(Ok(count)) if routine => tracing::debug!(count, "{what}"),
+            Ok(Ok(count)) => tracing::info!(count, "{what}"),
+            Ok(Err(e)) => tracing::error!("{what} failed: {e:#}"),
+            Err(e) => tracing::error!("{what}: the task failed: {e}"),
         }
     }
 }

@@ -37,13 +37,7 @@ pub fn check(profile: &Profile, now_ns: i64) -> Result<Vec<i64>, String> {
         return Err(format!("{} labels on one profile (at most {MAX_LABELS})", profile.labels.len()));
     }
     let decoded = ember_pprof::decode_gzip(&profile.pprof_gzip, MAX_DECOMPRESSED).map_err(|e| format!("{e:#}"))?;
-    let mut totals = vec![0i64; decoded.sample_type.len()];
-    for sample in &decoded.sample {
-        for (total, value) in totals.iter_mut().zip(&sample.value) {
-            *total = total.saturating_add(*value);
-        }
-    }
-    Ok(totals)
+    Ok(ember_pprof::totals(&decoded))
 }
 
 #[tonic::async_trait]

@@ -5,6 +5,11 @@
 //! never pass for old ones. Retention bounds everything: profiles by age and by the database
 //! file's size, and the de-duplication records by age (a profile older than retention is
 //! acknowledged but not stored again, so its record is no longer needed).
+//!
+//! Beside the profiles the store keeps their roll-ups (see `buckets`): storing a profile marks
+//! its buckets pending (and undoes a roll-up already made of them); `rollup` builds the due
+//! ones; a scan that may read roll-ups plans its range over the rolled-up buckets in the same
+//! read transaction, so that it never sees a bucket twice or half.
 use std::{
     path::{Path, PathBuf},
     sync::{
@@ -18,12 +23,21 @@ use ember_proto::ember::{AgentIdentity, Profile};
 use prost::Message;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
+use crate::buckets::{self, bucket, Segment, LEVELS};
+
 /// (start unix ns, origin, sequence) -> StoredProfile.
 const PROFILES: TableDefinition<(u64, &str, u64), &[u8]> = TableDefinition::new("profiles");
 /// (origin, sequence) -> start unix ns: which profiles an origin has delivered.
 const DELIVERED: TableDefinition<(&str, u64), u64> = TableDefinition::new("delivered");
 /// origin -> highest sequence N such that 1..=N are all stored.
 const CONTIGUOUS: TableDefinition<&str, u64> = TableDefinition::new("contiguous");
+/// (level, bucket start, n) -> StoredProfile: the bucket's roll-ups, one per agent and labels.
+const ROLLUPS: TableDefinition<(u64, u64, u64), &[u8]> = TableDefinition::new("rollups");
+/// (level, bucket start) -> raw profiles in it: buckets whose roll-ups are complete.
+const ROLLED: TableDefinition<(u64, u64), u64> = TableDefinition::new("rolled");
+/// (level, bucket start) -> generation: buckets to roll up (again). The generation changes at
+/// every profile stored in the bucket, so a roll-up built meanwhile is not taken as complete.
+const PENDING: TableDefinition<(u64, u64), u64> = TableDefinition::new("pending");
 
 /// Where a profile's sequence number counts: its spool, or for agents that send no spool id,
 /// the agent.
@@ -45,6 +59,25 @@ pub struct StoredProfile {
     /// reads it without decoding the profile. Empty in profiles stored before it existed.
     #[prost(int64, repeated, tag = "3")]
     pub totals: Vec<i64>,
+    /// A roll-up: how many raw profiles it merges (0 for a raw profile).
+    #[prost(uint64, tag = "4")]
+    pub merged: u64,
+}
+
+impl StoredProfile {
+    /// How many raw profiles this record stands for.
+    pub fn profiles(&self) -> u64 {
+        self.merged.max(1)
+    }
+}
+
+/// What a scan reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Detail {
+    /// Every raw profile: for views finer than a bucket (the time series).
+    Profiles,
+    /// Roll-ups where they cover whole buckets of the range, raw profiles elsewhere.
+    RollUps,
 }
 
 /// A profile that passed the ingest checks, with the totals of its sample values.
@@ -59,6 +92,8 @@ pub struct Store {
     path: PathBuf,
     /// Profiles that start before this (unix ns) are past retention.
     horizon: AtomicU64,
+    /// The next generation of a pending bucket.
+    generation: AtomicU64,
 }
 
 /// Size retention compacts the file, deletes the oldest profiles, and repeats at most this
@@ -82,8 +117,14 @@ impl Store {
         txn.open_table(PROFILES)?;
         txn.open_table(DELIVERED)?;
         txn.open_table(CONTIGUOUS)?;
+        txn.open_table(ROLLUPS)?;
+        txn.open_table(ROLLED)?;
+        let mut generation = 0;
+        for entry in txn.open_table(PENDING)?.iter()? {
+            generation = generation.max(entry?.1.value());
+        }
         txn.commit()?;
-        Ok(Store { db: RwLock::new(db), path, horizon: AtomicU64::new(0) })
+        Ok(Store { db: RwLock::new(db), path, horizon: AtomicU64::new(0), generation: AtomicU64::new(generation + 1) })
     }
 
     fn db(&self) -> std::sync::RwLockReadGuard<'_, Database> {
@@ -101,6 +142,7 @@ impl Store {
             let mut stored = txn.open_table(PROFILES)?;
             let mut delivered = txn.open_table(DELIVERED)?;
             let mut contiguous = txn.open_table(CONTIGUOUS)?;
+            let mut buckets = Buckets::open(&txn)?;
             let origin = origin(agent);
             let id = origin.as_str();
             let mut through = contiguous.get(id)?.map(|v| v.value()).unwrap_or(0);
@@ -111,9 +153,13 @@ impl Store {
                     result.duplicates += 1;
                     continue;
                 }
-                let record = StoredProfile { agent: Some(agent.clone()), profile: Some(profile.clone()), totals: totals.clone() };
+                let record = StoredProfile { agent: Some(agent.clone()), profile: Some(profile.clone()), totals: totals.clone(), merged: 0 };
                 stored.insert((start, id, profile.sequence), record.encode_to_vec().as_slice())?;
                 delivered.insert((id, profile.sequence), start)?;
+                for level in LEVELS {
+                    buckets.pending.insert((level, bucket(level, start)), self.generation.fetch_add(1, Ordering::Relaxed))?;
+                    buckets.undo(level, bucket(level, start))?;
+                }
             }
             while delivered.get((id, through + 1))?.is_some() {
                 through += 1;
@@ -165,7 +211,8 @@ impl Store {
         Ok(std::fs::metadata(&self.path).with_context(|| format!("reading {}", self.path.display()))?.len())
     }
 
-    /// Deletes profiles, oldest first, while `doomed(start, stored bytes)` says so.
+    /// Deletes profiles, oldest first, while `doomed(start, stored bytes)` says so, and the
+    /// roll-ups of the buckets they were in.
     fn delete_oldest(&self, mut doomed: impl FnMut(u64, u64) -> bool) -> Result<usize> {
         let db = self.db();
         let txn = db.begin_write()?;
@@ -182,6 +229,9 @@ impl Store {
             }
             for (start, origin, sequence) in &keys {
                 table.remove((*start, origin.as_str(), *sequence))?;
+            }
+            if let Some((last, _, _)) = keys.last() {
+                Buckets::open(&txn)?.forget_through(*last)?;
             }
         }
         txn.commit()?;
@@ -235,21 +285,105 @@ impl Store {
     /// Profiles whose start lies in [from, to), in time order.
     pub fn range(&self, from: u64, to: u64) -> Result<Vec<StoredProfile>> {
         let mut out = Vec::new();
-        self.scan(from, to, |profile| {
+        self.scan(from, to, Detail::Profiles, |profile| {
             out.push(profile);
             Ok(())
         })?;
         Ok(out)
     }
 
-    /// Hands `visit` the profiles whose start lies in [from, to), in time order, one at a time
-    /// (a query holds only what it merges, not the whole range), until it returns an error.
-    pub fn scan(&self, from: u64, to: u64, mut visit: impl FnMut(StoredProfile) -> Result<()>) -> Result<()> {
+    /// Hands `visit` the profiles whose start lies in [from, to), or with `Detail::RollUps`
+    /// the roll-ups of the whole buckets in it and the profiles elsewhere, in time order, one
+    /// at a time (a query holds only what it merges, not the whole range), until it returns
+    /// an error.
+    pub fn scan(&self, from: u64, to: u64, detail: Detail, mut visit: impl FnMut(StoredProfile) -> Result<()>) -> Result<()> {
         let txn = self.db().begin_read()?;
-        let table = txn.open_table(PROFILES)?;
-        for entry in table.range((from, "", 0)..(to, "", 0))? {
-            let (_, value) = entry?;
-            visit(StoredProfile::decode(value.value()).context("corrupt stored profile")?)?;
+        let profiles = txn.open_table(PROFILES)?;
+        let rollups = txn.open_table(ROLLUPS)?;
+        let segments = match detail {
+            Detail::Profiles => vec![Segment::Profiles(from, to)],
+            Detail::RollUps => {
+                let rolled = txn.open_table(ROLLED)?;
+                buckets::plan(from, to, &mut |level, from, to| {
+                    rolled.range((level, from)..(level, to))?.map(|e| Ok(e?.0.value().1)).collect()
+                })?
+            }
+        };
+        let mut visit_bytes = |bytes: &[u8]| visit(StoredProfile::decode(bytes).context("corrupt stored profile")?);
+        for segment in segments {
+            match segment {
+                Segment::Profiles(from, to) => {
+                    for entry in profiles.range((from, "", 0)..(to, "", 0))? {
+                        visit_bytes(entry?.1.value())?;
+                    }
+                }
+                Segment::RollUps(level, bucket) => {
+                    for entry in rollups.range((level, bucket, 0)..=(level, bucket, u64::MAX))? {
+                        visit_bytes(entry?.1.value())?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The pending buckets of `level` that start before `before`, with their generations.
+    pub fn pending(&self, level: u64, before: u64) -> Result<Vec<(u64, u64)>> {
+        let txn = self.db().begin_read()?;
+        let pending = txn.open_table(PENDING)?;
+        pending.range((level, 0)..(level, before))?.map(|e| e.map(|(k, g)| (k.value().1, g.value())).map_err(Into::into)).collect()
+    }
+
+    /// Stores a bucket's roll-ups, built from `profiles` raw profiles, unless the bucket
+    /// changed since `generation` (a profile arrived, or retention reached it): then it stays
+    /// pending, and false is returned.
+    pub fn save_rollups(&self, level: u64, bucket: u64, generation: u64, profiles: u64, rollups: &[StoredProfile]) -> Result<bool> {
+        let db = self.db();
+        let txn = db.begin_write()?;
+        {
+            let mut buckets = Buckets::open(&txn)?;
+            if buckets.pending.get((level, bucket))?.map(|g| g.value()) != Some(generation) {
+                return Ok(false);
+            }
+            buckets.undo(level, bucket)?;
+            for (n, rollup) in rollups.iter().enumerate() {
+                buckets.rollups.insert((level, bucket, n as u64), rollup.encode_to_vec().as_slice())?;
+            }
+            buckets.rolled.insert((level, bucket), profiles)?;
+            buckets.pending.remove((level, bucket))?;
+        }
+        txn.commit()?;
+        Ok(true)
+    }
+}
+
+/// The roll-up tables, open in a write transaction.
+struct Buckets<'t> {
+    rollups: redb::Table<'t, (u64, u64, u64), &'static [u8]>,
+    rolled: redb::Table<'t, (u64, u64), u64>,
+    pending: redb::Table<'t, (u64, u64), u64>,
+}
+
+impl<'t> Buckets<'t> {
+    fn open(txn: &'t redb::WriteTransaction) -> Result<Self> {
+        Ok(Buckets { rollups: txn.open_table(ROLLUPS)?, rolled: txn.open_table(ROLLED)?, pending: txn.open_table(PENDING)? })
+    }
+
+    /// Drops a bucket's roll-ups: they no longer hold all of its profiles.
+    fn undo(&mut self, level: u64, bucket: u64) -> Result<()> {
+        if self.rolled.remove((level, bucket))?.is_some() {
+            self.rollups.retain_in((level, bucket, 0)..=(level, bucket, u64::MAX), |_, _| false)?;
+        }
+        Ok(())
+    }
+
+    /// Drops the roll-ups and pending marks of every bucket that starts at or before `start`,
+    /// the last profile retention deleted: those buckets are read raw from now on.
+    fn forget_through(&mut self, start: u64) -> Result<()> {
+        for level in LEVELS {
+            self.rolled.retain_in((level, 0)..=(level, start), |_, _| false)?;
+            self.pending.retain_in((level, 0)..=(level, start), |_, _| false)?;
+            self.rollups.retain_in((level, 0, 0)..=(level, start, u64::MAX), |_, _| false)?;
         }
         Ok(())
     }

@@ -7,6 +7,6 @@ mod views;
 
 pub use codec::{decode_gzip, encode_gzip};
 pub use merge::merge;
-pub use select::retain_samples;
+pub use select::{retain_samples, totals};
 pub use strings::{string, StringIndex};
 pub use views::{flamegraph, folded, unit, view, View, JIT_MAPPING, KERNEL_MAPPING};

@@ -1,5 +1,6 @@
 //! Sample selection: keeps the samples whose string labels match every term (e.g. pod=x,
-//! namespace=prod), so a query can slice a host's profile down to one target.
+//! namespace=prod), so a query can slice a host's profile down to one target; and the totals
+//! of what is selected.
 use ember_proto::pprof::Profile;
 
 use crate::string;
@@ -12,6 +13,17 @@ pub fn retain_samples(profile: &mut Profile, terms: &[(&str, &str)]) -> usize {
         terms.iter().all(|(key, value)| sample.label.iter().any(|l| text(l.key) == *key && l.num == 0 && text(l.str) == *value))
     });
     profile.sample.len()
+}
+
+/// The sum of each sample value (saturating: a total is a figure to show, not to merge).
+pub fn totals(profile: &Profile) -> Vec<i64> {
+    let mut totals = vec![0i64; profile.sample_type.len()];
+    for sample in &profile.sample {
+        for (total, value) in totals.iter_mut().zip(&sample.value) {
+            *total = total.saturating_add(*value);
+        }
+    }
+    totals
 }
 
 #[cfg(test)]

@@ -57,6 +57,10 @@ impl CollectorProcess {
         CollectorProcess(child)
     }
 
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
     pub fn stop(mut self) {
         unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
         let status = self.0.wait().unwrap();

@@ -20,8 +20,8 @@ const AGENT: &[&[&str]] = &[
 ];
 
 const COLLECTOR: &[&[&str]] = &[
-    &["store", "tree"],
-    &["query", "service", "labels", "series"],
+    &["buckets", "store", "tree"],
+    &["query", "service", "labels", "series", "rollup"],
     &["pull", "https"],
     &["http", "api", "ui"],
     &["offline", "server"],

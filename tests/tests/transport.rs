@@ -259,7 +259,9 @@ fn queries_are_bounded_and_overflowing_merges_are_errors() {
 
     let dir = TempDir::new("query-limits");
     let (address, http, data) = (free_address(), free_address(), dir.path("data"));
-    let limits = ["--query-max-range-hours", "2", "--query-concurrency", "1"];
+    // No roll-ups (they come a day after a bucket ends): the queries below must read every
+    // profile, to be slow enough to overlap and to time out.
+    let limits = ["--query-max-range-hours", "2", "--query-concurrency", "1", "--rollup-delay-seconds", "86400"];
     let collector = CollectorProcess::start_with_http(address, http, &data, &limits);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
@@ -320,9 +322,126 @@ fn queries_are_bounded_and_overflowing_merges_are_errors() {
     assert!(one_line(busy), "{}", String::from_utf8_lossy(busy));
     collector.stop();
     // The same store with a 1 ms time limit: the query stops, with a one-line error.
-    let collector = CollectorProcess::start_with_http(address, http, &data, &["--query-timeout-ms", "1"]);
+    let collector = CollectorProcess::start_with_http(address, http, &data, &["--query-timeout-ms", "1", "--rollup-delay-seconds", "86400"]);
     let (status, body) = http_get(http, "/query?kind=wall&format=folded");
     assert!(status == 504 && one_line(&body), "{status} {}", String::from_utf8_lossy(&body));
     assert_eq!(http_get(http, "/healthz").0, 200);
+    collector.stop();
+}
+
+/// A pprof of two stacks, main;work_a (`a` samples, labelled pod=`pod`) and main;work_b (2).
+fn two_stack_pprof_gzip(a: i64, pod: &str) -> Vec<u8> {
+    use ember_proto::pprof::{Function, Label, Line, Location, Profile, Sample, ValueType};
+    use prost::Message as _;
+    let strings = ["", "samples", "count", "main", "work_a", "work_b", "pod", pod].map(String::from).to_vec();
+    let frame = |id: u64| (Function { id, name: id as i64 + 2, ..Default::default() }, Location { id, line: vec![Line { function_id: id, ..Default::default() }], ..Default::default() });
+    let (functions, locations) = (1..=3).map(frame).unzip();
+    let pod = Label { key: 6, str: 7, ..Default::default() };
+    let profile = Profile {
+        string_table: strings,
+        sample_type: vec![ValueType { r#type: 1, unit: 2 }],
+        sample: vec![
+            Sample { location_id: vec![2, 1], value: vec![a], label: vec![pod] },
+            Sample { location_id: vec![3, 1], value: vec![2], label: vec![] },
+        ],
+        function: functions,
+        location: locations,
+        ..Default::default()
+    };
+    ember_tests::gzip(&profile.encode_to_vec())
+}
+
+#[test]
+fn the_collector_rolls_up_what_it_stored_and_answers_as_from_the_profiles() {
+    use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest};
+
+    let dir = TempDir::new("rollups");
+    let (address, http, data) = (free_address(), free_address(), dir.path("data"));
+    let collector = CollectorProcess::start_with_http(address, http, &data, &[]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    const NS: i64 = 1_000_000_000;
+    // 20 minutes of 10 s profiles from two agents, two hours ago, from a ten-minute boundary:
+    // every bucket is due at once.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let start = (now - 7200) / 600 * 600;
+    let push = |agent: usize, numbers: std::ops::Range<i64>| {
+        let profiles = numbers
+            .map(|i| Profile {
+                sequence: i as u64 + 1,
+                kind: "cpu".into(),
+                start_unix_nanos: (start + 10 * i) * NS,
+                end_unix_nanos: (start + 10 * i + 10) * NS,
+                labels: Default::default(),
+                pprof_gzip: two_stack_pprof_gzip(1 + i % 3, &format!("pod-{}", i % 2)),
+            })
+            .collect();
+        runtime.block_on(async {
+            let mut client = CollectorClient::connect(format!("http://{address}")).await.unwrap();
+            let agent = AgentIdentity { agent_id: format!("agent-{agent}"), hostname: format!("host-{agent}"), ..Default::default() };
+            let response = client.push(PushRequest { agent: Some(agent), profiles }).await.unwrap().into_inner();
+            assert!(response.refused.is_empty(), "{response:?}");
+        })
+    };
+    // What each query must answer: a, summed per selection, and work_b's 2 per profile.
+    let expected = |numbers: std::ops::Range<i64>, pod: Option<i64>| -> i64 {
+        numbers.map(|i| if pod.is_none_or(|p| p == i % 2) { 1 + i % 3 } else { 0 } + if pod.is_none() { 2 } else { 0 }).sum()
+    };
+    push(0, 0..120);
+    push(1, 0..120);
+    let range = format!("from={start}&to={}", start + 1200);
+    let tree = |extra: &str| -> serde_json::Value {
+        let (status, body) = http_get(http, &format!("/api/tree?kind=cpu&{range}&max_nodes=10{extra}"));
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        serde_json::from_slice(&body).unwrap()
+    };
+    let totals = |selector: &str| -> i64 {
+        let (status, body) = http_get(http, &format!("/query?kind=cpu&format=folded&{range}&selector={selector}"));
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        ember_tests::folded_total(&String::from_utf8_lossy(&body))
+    };
+    // The roller (every 10 s) makes the 240 profiles four records: ten minutes per agent.
+    let wait_for_records = |want: u64| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let answer = tree("");
+            if answer["records"] == want {
+                return answer;
+            }
+            assert!(std::time::Instant::now() < deadline, "no roll-ups after 60 s: {}", answer["records"]);
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    };
+    let answer = wait_for_records(4);
+    assert_eq!(answer["profiles"], 240);
+    assert_eq!(totals(""), 2 * expected(0..120, None));
+    assert_eq!(totals("host=host-1"), expected(0..120, None));
+    // A sample label: roll-ups keep them.
+    assert_eq!(totals("pod=pod-1"), 2 * expected(0..120, Some(1)));
+    assert_eq!(totals("agent=agent-0,pod=pod-0"), expected(0..120, Some(0)));
+
+    // A late profile (sequence 121, 5 minutes in): seen at once, read raw beside the
+    // untouched roll-ups; then rolled up again.
+    let late = Profile {
+        sequence: 121,
+        kind: "cpu".into(),
+        start_unix_nanos: (start + 300) * NS,
+        end_unix_nanos: (start + 310) * NS,
+        labels: Default::default(),
+        pprof_gzip: two_stack_pprof_gzip(100, "pod-1"),
+    };
+    runtime.block_on(async {
+        let mut client = CollectorClient::connect(format!("http://{address}")).await.unwrap();
+        let agent = AgentIdentity { agent_id: "agent-1".into(), hostname: "host-1".into(), ..Default::default() };
+        client.push(PushRequest { agent: Some(agent), profiles: vec![late] }).await.unwrap();
+    });
+    assert_eq!(totals("host=host-1"), expected(0..120, None) + 102);
+    assert_eq!(tree("")["profiles"], 241);
+    wait_for_records(4);
+    assert_eq!(totals("pod=pod-1"), 2 * expected(0..120, Some(1)) + 100);
+    // Roll-ups are kept in the store: a restarted collector reads them at once.
+    collector.stop();
+    let collector = CollectorProcess::start_with_http(address, http, &data, &[]);
+    assert_eq!((tree("")["records"].as_u64(), tree("")["profiles"].as_u64()), (Some(4), Some(241)));
+    assert_eq!(totals(""), 2 * expected(0..120, None) + 102);
     collector.stop();
 }

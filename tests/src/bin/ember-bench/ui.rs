@@ -20,6 +20,7 @@ use ember_tests::{
     browser::Browser,
     http_get,
     transport::{free_address, CollectorProcess},
+    usage,
 };
 use prost::Message as _;
 use serde_json::json;
@@ -139,6 +140,21 @@ fn timed_get(http: std::net::SocketAddr, path: &str) -> Result<(f64, usize)> {
     Ok((started.elapsed().as_secs_f64(), body.len()))
 }
 
+/// Waits until the collector has rolled up the hour: its CPU stays idle for longer than the
+/// roller's 10 s period. Returns how long that took and the CPU it spent meanwhile, in s.
+fn wait_for_rollups(pid: u32) -> Result<(f64, f64)> {
+    let (started, cpu) = (Instant::now(), usage::cpu_ns(pid));
+    loop {
+        let before = usage::cpu_ns(pid);
+        std::thread::sleep(Duration::from_secs(11));
+        let busy = usage::cpu_ns(pid) - before;
+        if busy < 50_000_000 {
+            return Ok(((started.elapsed().as_secs_f64() - 11.0).max(0.0), (usage::cpu_ns(pid) - cpu) as f64 / 1e9));
+        }
+        ensure!(started.elapsed() < Duration::from_secs(300), "the collector was still busy 5 minutes after the fill");
+    }
+}
+
 /// Records, in the page, each animation frame's time and each mousemove handler's time.
 const RECORDER: &str = "
     window.bench = { frames: [], handlers: [], started: 0 };
@@ -159,14 +175,18 @@ pub fn run() -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let (grpc, http) = (free_address(), free_address());
-    let _collector = CollectorProcess::start_with_http(grpc, http, &dir.join("data"), &[]);
+    let collector = CollectorProcess::start_with_http(grpc, http, &dir.join("data"), &[]);
     println!("bench ui: pushing 1 h of 10 s profiles from {HOSTS} hosts ({} profiles)...", HOSTS * INTERVALS);
+    let cpu_before = usage::cpu_ns(collector.pid());
     let pushed = fill(grpc)?;
+    let fill_cpu = (usage::cpu_ns(collector.pid()) - cpu_before) as f64 / 1e9;
+    let (rolled_after, rollup_cpu) = wait_for_rollups(collector.pid())?;
 
     let (tree_seconds, tree_bytes) = timed_get(http, "/api/tree?kind=cpu")?;
     let (series_seconds, _) = timed_get(http, "/api/series?kind=cpu")?;
     let full = serde_json::from_slice::<serde_json::Value>(&http_get(http, "/api/tree?kind=cpu&max_nodes=200000").1)?;
     let (nodes, cut) = (full["nodes"]["name"].as_array().map_or(0, Vec::len), full["cut_nodes"].as_u64().unwrap_or(0));
+    let records = full["records"].as_u64().unwrap_or(0);
     let mut weight = 0;
     for asset in ["/", "/ui/app.css", "/ui/app.js", "/ui/flame.js", "/ui/uPlot.min.js", "/ui/uPlot.min.css"] {
         weight += timed_get(http, asset)?.1;
@@ -210,6 +230,8 @@ pub fn run() -> Result<()> {
     println!("| measure | value |");
     println!("|---|---|");
     println!("| profiles in the hour ({HOSTS} hosts) | {} ({:.1} MB of gzipped pprof) |", HOSTS * INTERVALS, pushed as f64 / 1e6);
+    println!("| collector CPU: the fill (ingest checks, storing, roll-ups meanwhile) / roll-ups after it (done {rolled_after:.0} s after the fill) | {fill_cpu:.1} s / {rollup_cpu:.1} s |");
+    println!("| records a 1 h query decodes (roll-ups and raw profiles) | {records} |");
     println!("| merged tree: nodes, before the cut to the page's 50,000 | {} |", nodes + cut as usize);
     println!("| GET /api/tree (1 h, 50,000 nodes) | {:.0} ms, {:.1} MB of JSON |", tree_seconds * 1e3, tree_bytes as f64 / 1e6);
     println!("| GET /api/series (1 h) | {:.0} ms |", series_seconds * 1e3);
