@@ -18,12 +18,24 @@ pub fn run_query(data_dir: PathBuf, kind: String, selector: String, from: Option
     Ok(())
 }
 
+/// Prints each stored profile, then (on stderr) what the roll-ups beside them take.
 pub fn list(data_dir: PathBuf) -> Result<()> {
     let store = store::Store::open(&data_dir)?;
+    let (mut count, mut bytes) = (0, 0);
     for stored in store.range(0, u64::MAX)? {
         if let (Some(agent), Some(p)) = (stored.agent, stored.profile) {
             println!("{} {} {} {} {}", agent.agent_id, p.sequence, p.kind, p.start_unix_nanos, p.pprof_gzip.len());
+            (count, bytes) = (count + 1, bytes + p.pprof_gzip.len());
         }
     }
+    let rollups = store.rollup_usage()?;
+    eprintln!(
+        "{count} profiles, {:.1} MB of pprof; {} roll-ups, {:.1} MB, of {} buckets; {} buckets pending",
+        bytes as f64 / 1e6,
+        rollups.records,
+        rollups.bytes as f64 / 1e6,
+        rollups.buckets,
+        rollups.pending
+    );
     Ok(())
 }

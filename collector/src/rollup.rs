@@ -4,7 +4,7 @@
 //! so sample-level selectors work on roll-ups as on profiles. A bucket is built from the
 //! roll-ups of the level below where they exist, so ten minutes merge ten records per host,
 //! not sixty.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use anyhow::Result;
 use ember_proto::ember::Profile;
@@ -19,28 +19,44 @@ use crate::{
 /// What a group shares: the agent's identity (encoded), the kind, the labels (sorted).
 type GroupKey = (Vec<u8>, String, Vec<(String, String)>);
 
-/// Rolls up every pending bucket that ended `delay` before `now` (unix ns), smallest level
-/// first; returns how many buckets it stored. The delay lets most of a bucket's profiles
-/// arrive first (an agent ships a profile when its interval ends); one that comes later
-/// undoes the roll-up, which is built again. A bucket that fails (logged) or changed
-/// meanwhile stays pending for the next round, and is read raw until then.
-pub fn roll_due(store: &Store, now: u64, delay: u64) -> Result<usize> {
-    let mut stored = 0;
-    for level in LEVELS {
-        let Some(last_due) = now.checked_sub(delay.saturating_add(level)) else { continue };
-        for (bucket, generation) in store.pending(level, last_due + 1)? {
-            let rollups = match build(store, level, bucket) {
-                Ok(rollups) => rollups,
-                Err(e) => {
-                    tracing::warn!(level_seconds = level / query::NS, bucket, "rolling up a bucket failed: {e:#}");
+/// Rolls up pending buckets once they are due and settled; called every few seconds.
+#[derive(Default)]
+pub struct Roller {
+    /// The generation each due bucket had in the previous round.
+    seen: HashMap<(u64, u64), u64>,
+}
+
+impl Roller {
+    /// Rolls up every pending bucket that ended `delay` before `now` (unix ns) and did not
+    /// change since the previous round, smallest level first; returns how many buckets it
+    /// stored. The delay lets most of a bucket's profiles arrive first (an agent ships a
+    /// profile when its interval ends); waiting for a quiet round lets a backlog (agents
+    /// resending their spools after an outage) land before its buckets are built, not
+    /// after every push of it. A profile that comes later undoes the roll-up, which is
+    /// built again. A bucket that fails (logged) stays pending, and is read raw until then.
+    pub fn roll_due(&mut self, store: &Store, now: u64, delay: u64) -> Result<usize> {
+        let (mut stored, mut seen) = (0, HashMap::new());
+        for level in LEVELS {
+            let Some(last_due) = now.checked_sub(delay.saturating_add(level)) else { continue };
+            for (bucket, generation) in store.pending(level, last_due + 1)? {
+                seen.insert((level, bucket), generation);
+                if self.seen.get(&(level, bucket)) != Some(&generation) {
                     continue;
                 }
-            };
-            let profiles = rollups.iter().map(StoredProfile::profiles).sum();
-            stored += usize::from(store.save_rollups(level, bucket, generation, profiles, &rollups)?);
+                let rollups = match build(store, level, bucket) {
+                    Ok(rollups) => rollups,
+                    Err(e) => {
+                        tracing::warn!(level_seconds = level / query::NS, bucket, "rolling up a bucket failed: {e:#}");
+                        continue;
+                    }
+                };
+                let profiles = rollups.iter().map(StoredProfile::profiles).sum();
+                stored += usize::from(store.save_rollups(level, bucket, generation, profiles, &rollups)?);
+            }
         }
+        self.seen = seen;
+        Ok(stored)
     }
-    Ok(stored)
 }
 
 /// The roll-ups of one bucket, one per group.
@@ -81,8 +97,6 @@ fn merged(bucket: u64, members: &[StoredProfile]) -> Result<StoredProfile> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-
     use ember_proto::{
         ember::AgentIdentity,
         pprof::{self, Function, Label, Line, Location, Sample, ValueType},
@@ -161,6 +175,14 @@ mod tests {
         read
     }
 
+    /// Two rounds of a roller: the first sees the due buckets, the second builds those that
+    /// did not change; returns what the second stored.
+    fn roll_due(store: &Store, now: u64, delay: u64) -> Result<usize> {
+        let mut roller = Roller::default();
+        roller.roll_due(store, now, delay)?;
+        roller.roll_due(store, now, delay)
+    }
+
     fn fresh_store(name: &str) -> (Store, std::path::PathBuf) {
         let dir = std::env::temp_dir().join(format!("ember-rollup-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -222,6 +244,12 @@ mod tests {
         let (bucket, generation) = store.pending(MINUTE, u64::MAX).unwrap()[0];
         push(&store, 1, 120..121);
         assert!(!store.save_rollups(MINUTE, bucket, generation, 1, &[]).unwrap());
+        // A roller builds a bucket only after a round in which it did not change.
+        let mut roller = Roller::default();
+        assert_eq!(roller.roll_due(&store, now, DELAY).unwrap(), 0, "first seen");
+        push(&store, 0, 121..122);
+        assert_eq!(roller.roll_due(&store, now, DELAY).unwrap(), 0, "changed since");
+        assert_eq!(roller.roll_due(&store, now, DELAY).unwrap(), 3, "minute 20, the ten minutes from 20, the hour");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

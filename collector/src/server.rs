@@ -54,8 +54,9 @@ pub async fn serve(args: ServeSettings) -> Result<()> {
     }));
     // Buckets come due `rollup_delay` after they end.
     let (rolled, delay) = (store.clone(), args.rollup_delay.as_nanos().min(u64::MAX.into()) as u64);
+    let roller = Arc::new(std::sync::Mutex::new(rollup::Roller::default()));
     tokio::spawn(every(Duration::from_secs(10), ("rolled up time buckets", true), until_stopped(), move || {
-        rollup::roll_due(&rolled, service::now_ns() as u64, delay)
+        roller.lock().unwrap_or_else(|e| e.into_inner()).roll_due(&rolled, service::now_ns() as u64, delay)
     }));
     for source in args.pull {
         tokio::spawn(pull::pull_forever(source, store.clone(), until_stopped()));

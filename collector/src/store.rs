@@ -327,6 +327,19 @@ impl Store {
         Ok(())
     }
 
+    /// How many roll-ups there are, of how many buckets, what they take, and how many
+    /// buckets wait to be rolled up.
+    pub fn rollup_usage(&self) -> Result<RollupUsage> {
+        use redb::ReadableTableMetadata as _;
+        let txn = self.db().begin_read()?;
+        let mut usage = RollupUsage { buckets: txn.open_table(ROLLED)?.len()?, pending: txn.open_table(PENDING)?.len()?, ..Default::default() };
+        for entry in txn.open_table(ROLLUPS)?.iter()? {
+            usage.records += 1;
+            usage.bytes += entry?.1.value().len() as u64;
+        }
+        Ok(usage)
+    }
+
     /// The pending buckets of `level` that start before `before`, with their generations.
     pub fn pending(&self, level: u64, before: u64) -> Result<Vec<(u64, u64)>> {
         let txn = self.db().begin_read()?;
@@ -355,6 +368,14 @@ impl Store {
         txn.commit()?;
         Ok(true)
     }
+}
+
+#[derive(Default)]
+pub struct RollupUsage {
+    pub records: u64,
+    pub bytes: u64,
+    pub buckets: u64,
+    pub pending: u64,
 }
 
 /// The roll-up tables, open in a write transaction.

@@ -14,6 +14,17 @@ pub fn cpu_ns(pid: u32) -> u64 {
         .sum()
 }
 
+/// CPU time of a whole process, in s, including threads that have exited (a collector's
+/// blocking-pool threads come and go; `cpu_ns` misses the gone ones), at clock-tick precision.
+pub fn process_cpu_seconds(pid: u32) -> f64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command (which may hold spaces), from the state: utime and stime are
+    // the 12th and 13th.
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    (ticks(11) + ticks(12)) as f64 / 100.0
+}
+
 /// A `kB` field of `/proc/<pid>/status` (`"VmRSS:"`, ...), 0 if absent.
 pub fn status_kib(status: &str, field: &str) -> u64 {
     status.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)

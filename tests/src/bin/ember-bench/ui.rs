@@ -19,7 +19,7 @@ use ember_proto::{
 use ember_tests::{
     browser::Browser,
     http_get,
-    transport::{free_address, CollectorProcess},
+    transport::{collector_bin, free_address, CollectorProcess},
     usage,
 };
 use prost::Message as _;
@@ -140,16 +140,17 @@ fn timed_get(http: std::net::SocketAddr, path: &str) -> Result<(f64, usize)> {
     Ok((started.elapsed().as_secs_f64(), body.len()))
 }
 
-/// Waits until the collector has rolled up the hour: its CPU stays idle for longer than the
-/// roller's 10 s period. Returns how long that took and the CPU it spent meanwhile, in s.
+/// Waits until the collector has rolled up the hour: its CPU stays idle for longer than two of
+/// the roller's 10 s rounds (it builds a bucket after a round in which the bucket did not
+/// change). Returns how long that took and the CPU it spent meanwhile, in s.
 fn wait_for_rollups(pid: u32) -> Result<(f64, f64)> {
-    let (started, cpu) = (Instant::now(), usage::cpu_ns(pid));
+    let (started, cpu) = (Instant::now(), usage::process_cpu_seconds(pid));
     loop {
-        let before = usage::cpu_ns(pid);
-        std::thread::sleep(Duration::from_secs(11));
-        let busy = usage::cpu_ns(pid) - before;
-        if busy < 50_000_000 {
-            return Ok(((started.elapsed().as_secs_f64() - 11.0).max(0.0), (usage::cpu_ns(pid) - cpu) as f64 / 1e9));
+        let before = usage::process_cpu_seconds(pid);
+        std::thread::sleep(Duration::from_secs(21));
+        let after = usage::process_cpu_seconds(pid);
+        if after - before < 0.05 {
+            return Ok(((started.elapsed().as_secs_f64() - 21.0).max(0.0), after - cpu));
         }
         ensure!(started.elapsed() < Duration::from_secs(300), "the collector was still busy 5 minutes after the fill");
     }
@@ -177,9 +178,9 @@ pub fn run() -> Result<()> {
     let (grpc, http) = (free_address(), free_address());
     let collector = CollectorProcess::start_with_http(grpc, http, &dir.join("data"), &[]);
     println!("bench ui: pushing 1 h of 10 s profiles from {HOSTS} hosts ({} profiles)...", HOSTS * INTERVALS);
-    let cpu_before = usage::cpu_ns(collector.pid());
+    let cpu_before = usage::process_cpu_seconds(collector.pid());
     let pushed = fill(grpc)?;
-    let fill_cpu = (usage::cpu_ns(collector.pid()) - cpu_before) as f64 / 1e9;
+    let fill_cpu = usage::process_cpu_seconds(collector.pid()) - cpu_before;
     let (rolled_after, rollup_cpu) = wait_for_rollups(collector.pid())?;
 
     let (tree_seconds, tree_bytes) = timed_get(http, "/api/tree?kind=cpu")?;
@@ -220,6 +221,11 @@ pub fn run() -> Result<()> {
     ensure!(!handlers.is_empty() && frames.len() > 10, "the hover recorded nothing: {recorded}");
     let errors: Vec<String> = browser.console().into_iter().filter(|m| m.starts_with("SEVERE")).collect();
     ensure!(errors.is_empty(), "JavaScript errors: {errors:?}");
+    // What the store holds, from the stopped collector's data directory.
+    let store_bytes = std::fs::metadata(dir.join("data/profiles.redb"))?.len();
+    collector.stop();
+    let listed = std::process::Command::new(collector_bin()).args(["list", "--data-dir"]).arg(dir.join("data")).output()?;
+    let summary = String::from_utf8_lossy(&listed.stderr).trim().to_string();
     let _ = std::fs::remove_dir_all(&dir);
 
     let (frame_p50, frame_p95, frame_max) = percentiles(frames);
@@ -232,6 +238,7 @@ pub fn run() -> Result<()> {
     println!("| profiles in the hour ({HOSTS} hosts) | {} ({:.1} MB of gzipped pprof) |", HOSTS * INTERVALS, pushed as f64 / 1e6);
     println!("| collector CPU: the fill (ingest checks, storing, roll-ups meanwhile) / roll-ups after it (done {rolled_after:.0} s after the fill) | {fill_cpu:.1} s / {rollup_cpu:.1} s |");
     println!("| records a 1 h query decodes (roll-ups and raw profiles) | {records} |");
+    println!("| store file (redb grows it by doubling) / what it holds | {:.1} MB / {summary} |", store_bytes as f64 / 1e6);
     println!("| merged tree: nodes, before the cut to the page's 50,000 | {} |", nodes + cut as usize);
     println!("| GET /api/tree (1 h, 50,000 nodes) | {:.0} ms, {:.1} MB of JSON |", tree_seconds * 1e3, tree_bytes as f64 / 1e6);
     println!("| GET /api/series (1 h) | {:.0} ms |", series_seconds * 1e3);
