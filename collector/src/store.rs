@@ -21,7 +21,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use ember_proto::ember::{AgentIdentity, Profile};
 use prost::Message;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle as _};
 
 use crate::buckets::{self, bucket, Segment, LEVELS};
 
@@ -114,14 +114,25 @@ impl Store {
         let path = dir.join("profiles.redb");
         let db = Database::create(&path).with_context(|| format!("opening {}", path.display()))?;
         let txn = db.begin_write()?;
-        txn.open_table(PROFILES)?;
+        let before_rollups = !txn.list_tables()?.any(|table| table.name() == PENDING.name());
         txn.open_table(DELIVERED)?;
         txn.open_table(CONTIGUOUS)?;
-        txn.open_table(ROLLUPS)?;
-        txn.open_table(ROLLED)?;
         let mut generation = 0;
-        for entry in txn.open_table(PENDING)?.iter()? {
-            generation = generation.max(entry?.1.value());
+        {
+            let profiles = txn.open_table(PROFILES)?;
+            let mut buckets = Buckets::open(&txn)?;
+            if before_rollups {
+                // A store written before roll-ups: its buckets are all to be rolled up.
+                for entry in profiles.iter()? {
+                    let (start, _, _) = entry?.0.value();
+                    for level in LEVELS {
+                        buckets.pending.insert((level, bucket(level, start)), 0)?;
+                    }
+                }
+            }
+            for entry in buckets.pending.iter()? {
+                generation = generation.max(entry?.1.value());
+            }
         }
         txn.commit()?;
         Ok(Store { db: RwLock::new(db), path, horizon: AtomicU64::new(0), generation: AtomicU64::new(generation + 1) })
@@ -495,6 +506,35 @@ mod tests {
         let left: Vec<u64> = store.range(0, u64::MAX).unwrap().iter().map(|p| p.profile.as_ref().unwrap().sequence).collect();
         assert_eq!(left, (deleted as u64 + 1..=64).collect::<Vec<_>>());
         assert!(left.len() >= 16, "only {} of 64 left under a limit of half the file", left.len());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_store_from_before_roll_ups_gets_all_its_buckets_pending() {
+        let dir = fresh_dir("upgrade");
+        std::fs::create_dir_all(&dir).unwrap();
+        {
+            // The tables of a collector without roll-ups: two profiles, a minute apart.
+            let db = Database::create(dir.join("profiles.redb")).unwrap();
+            let txn = db.begin_write().unwrap();
+            let mut profiles = txn.open_table(PROFILES).unwrap();
+            for (start, sequence) in [(LEVELS[2] + 5, 1), (LEVELS[2] + LEVELS[0] + 5, 2)] {
+                profiles.insert((start, "a", sequence), StoredProfile::default().encode_to_vec().as_slice()).unwrap();
+            }
+            drop(profiles);
+            txn.commit().unwrap();
+        }
+        let store = Store::open(&dir).unwrap();
+        let pending = |level| store.pending(level, u64::MAX).unwrap().into_iter().map(|(bucket, _)| bucket).collect::<Vec<_>>();
+        assert_eq!(pending(LEVELS[0]), [LEVELS[2], LEVELS[2] + LEVELS[0]]);
+        assert_eq!(pending(LEVELS[1]), [LEVELS[2]]);
+        assert_eq!(pending(LEVELS[2]), [LEVELS[2]]);
+        // Only once: a store that has the roll-up tables is not scanned again.
+        drop(store);
+        let store = Store::open(&dir).unwrap();
+        store.save_rollups(LEVELS[2], LEVELS[2], 0, 2, &[]).unwrap();
+        drop(store);
+        assert!(Store::open(&dir).unwrap().pending(LEVELS[2], u64::MAX).unwrap().is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
