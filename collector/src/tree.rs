@@ -3,9 +3,7 @@
 //! kind (kernel, binary, library, JIT) and its source file and line where known. A diff tree
 //! carries a second value per node, from the base range. Nodes are listed depth first, parents
 //! before children, in columns, so that 50,000 of them stay a compact JSON document.
-use std::collections::HashMap;
-
-use ember_pprof::{JIT_MAPPING, KERNEL_MAPPING};
+use ember_pprof::{FastMap, JIT_MAPPING, KERNEL_MAPPING};
 use ember_proto::pprof::Profile;
 use serde::Serialize;
 
@@ -59,9 +57,6 @@ pub struct TreeBuilder {
     edges: FastMap<(u32, Frame), u32>,
 }
 
-/// Maps keyed by small integers and names built from profiles the collector accepted: a fast
-/// hash (foldhash) rather than SipHash, which took a fifth of a large query's time.
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 impl Default for TreeBuilder {
     fn default() -> Self {

@@ -10,3 +10,7 @@ pub use merge::merge;
 pub use select::{retain_samples, totals};
 pub use strings::{string, StringIndex};
 pub use views::{flamegraph, folded, unit, view, View, JIT_MAPPING, KERNEL_MAPPING};
+
+/// Maps keyed by ids, strings and stacks of profiles: a fast hash (foldhash, seeded per
+/// process) rather than SipHash, which took a fifth of a merge's or a tree's time.
+pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;

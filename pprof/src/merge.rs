@@ -1,21 +1,19 @@
 //! Merges profiles of one kind (e.g. an hour of 10 s intervals from ten hosts) into one:
 //! strings, functions, mappings and locations are re-interned; samples with the same stack
 //! and labels are summed.
-use std::collections::HashMap;
-
 use anyhow::{ensure, Context as _, Result};
 use ember_proto::pprof::{Function, Label, Line, Location, Mapping, Profile, Sample};
 
-use crate::StringIndex;
+use crate::{FastMap, StringIndex};
 
 #[derive(Default)]
 struct Merger {
     out: Profile,
     strings: StringIndex,
-    functions: HashMap<(i64, i64), u64>,
-    mappings: HashMap<(i64, i64), u64>,
-    locations: HashMap<(u64, u64, Vec<(u64, i64)>), u64>,
-    samples: HashMap<(Vec<u64>, Vec<(i64, i64, i64)>), usize>,
+    functions: FastMap<(i64, i64), u64>,
+    mappings: FastMap<(i64, i64), u64>,
+    locations: FastMap<(u64, u64, Vec<(u64, i64)>), u64>,
+    samples: FastMap<(Vec<u64>, Vec<(i64, i64, i64)>), usize>,
 }
 
 impl Merger {
@@ -25,7 +23,7 @@ impl Merger {
 
     fn add(&mut self, p: &Profile) -> Result<()> {
         let s = |i: i64| crate::string(&p.string_table, i);
-        let mut function_ids = HashMap::new();
+        let mut function_ids = FastMap::default();
         for f in &p.function {
             let (name, filename) = (self.string(s(f.name)), self.string(s(f.filename)));
             let next = self.out.function.len() as u64 + 1;
@@ -35,7 +33,7 @@ impl Merger {
             }
             function_ids.insert(f.id, id);
         }
-        let mut mapping_ids = HashMap::new();
+        let mut mapping_ids = FastMap::default();
         for m in &p.mapping {
             let (filename, build_id) = (self.string(s(m.filename)), self.string(s(m.build_id)));
             let next = self.out.mapping.len() as u64 + 1;
@@ -45,7 +43,7 @@ impl Merger {
             }
             mapping_ids.insert(m.id, id);
         }
-        let mut location_ids = HashMap::new();
+        let mut location_ids = FastMap::default();
         for l in &p.location {
             let mapping_id = mapping_ids.get(&l.mapping_id).copied().unwrap_or(0);
             let line: Vec<Line> = l

@@ -1,5 +1,5 @@
 //! pprof's string table: every string once, referred to by index; index 0 is "".
-use std::collections::HashMap;
+use crate::FastMap;
 
 /// The string at `index` of a string table; "" for an index out of range (a decoded profile's
 /// indexes are checked, but a view must not panic on a merge of hostile ones).
@@ -8,7 +8,7 @@ pub fn string(table: &[String], index: i64) -> &str {
 }
 
 #[derive(Default)]
-pub struct StringIndex(HashMap<String, i64>);
+pub struct StringIndex(FastMap<String, i64>);
 
 impl StringIndex {
     /// Index of `s` in `table`, appending it the first time.
