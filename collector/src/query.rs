@@ -90,8 +90,9 @@ pub fn decoded(stored: &StoredProfile, sample_terms: &[(&str, &str)]) -> Result<
 }
 
 /// Hands `visit` each profile of [from, to) that matches, decoded (see `decoded`), or the
-/// roll-up that holds it; returns how many raw profiles that was. Decoding (inflating, parsing) runs on a thread of its own, a few profiles
-/// ahead of `visit`, so that a large query uses two cores.
+/// roll-up that holds it; returns how many raw profiles that was. Decoding (inflating,
+/// parsing) runs on a thread of its own, a few profiles ahead of `visit`, so that a large
+/// query uses two cores.
 pub fn visit_matching(
     store: &Store,
     kind: &str,

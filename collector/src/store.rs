@@ -168,8 +168,9 @@ impl Store {
                 stored.insert((start, id, profile.sequence), record.encode_to_vec().as_slice())?;
                 delivered.insert((id, profile.sequence), start)?;
                 for level in LEVELS {
-                    buckets.pending.insert((level, bucket(level, start)), self.generation.fetch_add(1, Ordering::Relaxed))?;
-                    buckets.undo(level, bucket(level, start))?;
+                    let bucket = bucket(level, start);
+                    buckets.pending.insert((level, bucket), self.generation.fetch_add(1, Ordering::Relaxed))?;
+                    buckets.undo(level, bucket)?;
                 }
             }
             while delivered.get((id, through + 1))?.is_some() {
