@@ -32,6 +32,9 @@ pub struct SampleKey {
     pub _pad: u16,
     /// Off-CPU: the `block_state` of the switch. kfree_skb: the drop reason. Else 0.
     pub aux: u32,
+    /// The user stack's `UserStack::check` (0 with a status): with the id, 95 bits that tell
+    /// stacks apart, so that a sample whose key exists already can skip storing its stack.
+    pub user_stack_check: u64,
 }
 
 /// What a key accumulates: events, and their total (ns off-CPU, bytes on the network).
@@ -70,7 +73,8 @@ pub mod block_state {
     pub const UNINTERRUPTIBLE: u32 = 4;
 }
 
-/// Where a thread blocked: kept per thread from switch-out until switch-in.
+/// Where a thread last blocked: kept per thread from its first switch-out until it exits;
+/// `start_ns` is 0 from switch-in to the next switch-out.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OffCpuStart {

@@ -62,9 +62,10 @@ static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
 /// Tgids to sample when FILTER_TGIDS is set.
 #[map]
 static TGID_FILTER: HashMap<u32, u8> = HashMap::with_max_entries(1024, 0);
-/// Off-CPU: per blocked thread, where and when it blocked. Not an LRU: a full table must
-/// refuse (and count) a new block, never silently evict one being measured. A thread that
-/// exits leaves it (`process_exit`), so entries cannot leak.
+/// Off-CPU: per thread that has blocked, where and when it last blocked (start 0 once it
+/// woke). Not an LRU: a full table must refuse (and count) a new thread's block, never
+/// silently evict one being measured. A thread that exits leaves it (`process_exit`), so
+/// entries cannot leak.
 #[map]
 static OFF_CPU_START: HashMap<u32, OffCpuStart> = HashMap::with_max_entries(65536, 0);
 
@@ -243,24 +244,32 @@ fn announce_process(tgid: u32, stage: u8, set: &BufferSet) {
 /// Adds one event (or `count` sampled ones) to the key's aggregate.
 #[inline(always)]
 fn record(set: &BufferSet, key: &SampleKey, count: u64, total: u64) {
-    if let Some(value) = set.counts.get_ptr_mut(key) {
-        unsafe {
-            (*value).count += count;
-            (*value).total += total;
-        }
-        return;
+    if !add_to_existing(set, key, count, total) {
+        record_new(set, key, count, total);
     }
-    // First event of this key in this interval: only here can the process be new to
-    // userspace, so the hot path (existing key) skips the lookup of known processes.
+}
+
+/// Adds to the key's aggregate if the key has one in this interval; whether it had.
+#[inline(always)]
+fn add_to_existing(set: &BufferSet, key: &SampleKey, count: u64, total: u64) -> bool {
+    let Some(value) = set.counts.get_ptr_mut(key) else { return false };
+    unsafe {
+        (*value).count += count;
+        (*value).total += total;
+    }
+    true
+}
+
+/// The first event of the key in this interval (as far as this CPU saw).
+#[inline(always)]
+fn record_new(set: &BufferSet, key: &SampleKey, count: u64, total: u64) {
+    // Only here can the process be new to userspace, so the hot path (existing key) skips
+    // the lookup of known processes.
     announce_process(key.tgid, told::RUNNING, set);
     if set.counts.insert(key, &SampleValue { count, total }, BPF_NOEXIST as u64).is_err() {
         // Either the map is full, or another CPU inserted the key first: retry once.
-        match set.counts.get_ptr_mut(key) {
-            Some(value) => unsafe {
-                (*value).count += count;
-                (*value).total += total;
-            },
-            None => bump(set.counters, counter::MAP_FULL),
+        if !add_to_existing(set, key, count, total) {
+            bump(set.counters, counter::MAP_FULL);
         }
     }
 }
@@ -281,6 +290,7 @@ fn current_key(event_kind: u8, set: &BufferSet) -> SampleKey {
         stack_set: set.index,
         _pad: 0,
         aux: 0,
+        user_stack_check: 0,
     }
 }
 
@@ -310,15 +320,27 @@ fn sample(ctx: &PerfEventContext, set: &BufferSet) -> bool {
     // A sample taken in user mode has the user registers at hand, and no kernel stack (the
     // kernel would walk nothing and return -EFAULT): skip that helper call.
     let regs = unsafe { &(*ctx.ctx).regs };
-    if walk::in_user_mode(regs) {
-        key.user_stack_id = walk::user_stack_id(set, tgid, Some(regs));
-    } else {
-        key.user_stack_id = walk::user_stack_id(set, tgid, None);
+    let user_mode = walk::in_user_mode(regs);
+    let walked = walk::walk(set, tgid, user_mode.then_some(regs));
+    match walked {
+        Ok(walked) => walked.name_in(&mut key),
+        Err(status) => key.user_stack_id = status,
+    }
+    if !user_mode {
         key.kernel_stack_id = kernel_stack_id(ctx, set);
     }
     // The period is the time the sample stands for (ns, for the clock events): on-CPU time
     // stays exact whatever frequency the governor sets.
-    record(set, &key, 1, unsafe { (*ctx.ctx).sample_period });
+    let period = unsafe { (*ctx.ctx).sample_period };
+    // Most samples repeat a key of this interval, whose user stack is stored already (the
+    // key names it by id and check): they are one map update.
+    if add_to_existing(set, &key, 1, period) {
+        return true;
+    }
+    if let Ok(walked) = walked {
+        walk::store(set, walked, &mut key);
+    }
+    record_new(set, &key, 1, period);
     true
 }
 
@@ -388,10 +410,18 @@ fn switch_out(ctx: &TracePointContext, set: &BufferSet, state: u64, now: u64) ->
     }
     let mut key = current_key(kind::OFF_CPU, set);
     key.aux = class;
-    key.user_stack_id = walk::user_stack_id(set, tgid, None);
+    walk::capture(set, tgid, &mut key);
     key.kernel_stack_id = kernel_stack_id(ctx, set);
-    if OFF_CPU_START.insert(&key.pid, &OffCpuStart { key, start_ns: now, weight: ratio, _pad: 0 }, 0).is_err() {
-        bump(set.counters, counter::OFF_CPU_TABLE_FULL);
+    let start = OffCpuStart { key, start_ns: now, weight: ratio, _pad: 0 };
+    // A thread that blocked before keeps its entry, emptied when it woke: it is rewritten in
+    // place, which costs less than the map's delete at switch-in and insert here.
+    match OFF_CPU_START.get_ptr_mut(&key.pid) {
+        Some(entry) => unsafe { *entry = start },
+        None => {
+            if OFF_CPU_START.insert(&key.pid, &start, BPF_NOEXIST as u64).is_err() {
+                bump(set.counters, counter::OFF_CPU_TABLE_FULL);
+            }
+        }
     }
     true
 }
@@ -399,9 +429,12 @@ fn switch_out(ctx: &TracePointContext, set: &BufferSet, state: u64, now: u64) ->
 /// Returns whether it found (and counted) a block of this thread.
 #[inline(always)]
 fn switch_in(set: &BufferSet, pid: u32, now: u64) -> bool {
-    let Some(start) = OFF_CPU_START.get_ptr(&pid) else { return false };
-    let start = unsafe { *start };
-    let _ = OFF_CPU_START.remove(&pid);
+    let Some(entry) = OFF_CPU_START.get_ptr_mut(&pid) else { return false };
+    let start = unsafe { *entry };
+    if start.start_ns == 0 {
+        return false; // not blocked since it last woke
+    }
+    unsafe { (*entry).start_ns = 0 };
     let blocked = now.saturating_sub(start.start_ns);
     if blocked < config(&OFF_CPU_MIN_NS) || blocked > config(&OFF_CPU_MAX_NS) {
         bump(set.counters, counter::OFF_CPU_OUT_OF_RANGE);
@@ -462,7 +495,7 @@ fn record_net_event(ctx: &TracePointContext, event_kind: u8, set: &BufferSet, ra
         key.aux = field(ctx, layout.reason);
     }
     bump(set.counters, counter::NET_EVENTS);
-    key.user_stack_id = walk::user_stack_id(set, tgid, None);
+    walk::capture(set, tgid, &mut key);
     key.kernel_stack_id = kernel_stack_id(ctx, set);
     record(set, &key, ratio as u64, len as u64 * ratio as u64);
     true
@@ -511,7 +544,7 @@ fn remember_sender(ctx: &TracePointContext, set: &BufferSet) -> bool {
         return false;
     }
     let mut key = current_key(kind::NET_DEV_QUEUE, set);
-    key.user_stack_id = walk::user_stack_id(set, key.tgid, None);
+    walk::capture(set, key.tgid, &mut key);
     key.kernel_stack_id = kernel_stack_id(ctx, set);
     let _ = SOCK_OWNER.insert(&sk, &SocketOwner { key, generation: set.generation, _pad: 0 }, 0);
     true

@@ -6,13 +6,13 @@
 use core::ffi::c_void;
 
 use agent_common::{
-    counter, row_kind, stack_status, unwind_stop, ExecMapping, ProcessMappings, UnwindRow, UserStack, MAX_MAPPINGS,
+    counter, row_kind, stack_status, unwind_stop, ExecMapping, ProcessMappings, SampleKey, UnwindRow, UserStack, MAX_MAPPINGS,
     MAX_USER_FRAMES, PageRows, UNWIND_PAGE,
 };
 use aya_ebpf::{
     bindings::{pt_regs, BPF_F_MMAPABLE, BPF_NOEXIST},
     helpers::{
-        bpf_probe_read_kernel, bpf_probe_read_user,
+        bpf_probe_read_user,
         generated::{bpf_get_current_task_btf, bpf_loop, bpf_probe_read_user as bpf_probe_read_user_raw, bpf_task_pt_regs},
     },
     macros::map,
@@ -39,19 +39,27 @@ static PROCESS_MAPPINGS: HashMap<u32, ProcessMappings> = HashMap::with_max_entri
 /// The stack being walked on this CPU (too large for the BPF stack).
 #[map]
 static WALK: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
-/// A copy of the part of the user stack being walked: one read of user memory serves the
-/// frames it holds, instead of one read per frame.
+/// What a walk keeps apart from `Walk` (see `Scratch`).
 #[map]
-static WINDOW: PerCpuArray<StackWindow> = PerCpuArray::with_max_entries(1, 0);
+static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
 /// Bytes of user stack copied at a time.
 const WINDOW_BYTES: u64 = 512;
 const WINDOW_WORDS: usize = (WINDOW_BYTES / 8) as usize;
 
+/// The walk's state kept in a map, not in `Walk`: the window is too large for the BPF stack,
+/// and the verifier tracks what a loop keeps on the stack (the row's values made it explore
+/// too many states).
 #[repr(C)]
-pub struct StackWindow {
-    /// One word more than the window: a pair read at its last word stays inside the value.
+pub struct Scratch {
+    /// A copy of the part of the user stack being walked: one read of user memory serves the
+    /// frames it holds. One word more than the window: a pair read at its last word stays
+    /// inside the value.
     words: [u64; WINDOW_WORDS + 1],
+    /// The last row found in the current mapping's table, and where the next one starts
+    /// (0: none).
+    row: UnwindRow,
+    row_end: u32,
 }
 
 /// Steps of the binary searches: enough for `MAX_MAPPINGS` and `MAX_TABLE_ROWS`.
@@ -68,7 +76,7 @@ struct Walk {
     /// The last mapping found (empty at first).
     mapping: ExecMapping,
     stack: *mut UserStack,
-    window: *mut StackWindow,
+    scratch: *mut Scratch,
     /// User addresses the window holds (empty at first).
     window_start: u64,
     window_end: u64,
@@ -76,19 +84,43 @@ struct Walk {
     check: u64,
 }
 
-/// The user stack of the current task, stored in the set's user stack map: its id there, or
-/// a negative `stack_status` (counted). `regs`: the task's user registers if the caller has
+/// A user stack walked into this CPU's walk buffer, to be stored (`store`) before the next
+/// walk on this CPU.
+#[derive(Clone, Copy)]
+pub struct Walked {
+    id: u32,
+    check: u64,
+}
+
+impl Walked {
+    /// Names the stack in the key as `store` would, without storing it: for a key that may
+    /// exist already, whose stack then is stored already.
+    #[inline(always)]
+    pub fn name_in(self, key: &mut SampleKey) {
+        key.user_stack_id = self.id as i32;
+        key.user_stack_check = self.check;
+    }
+}
+
+/// Walks and stores the user stack of the current task, and names it in the key.
+#[inline(always)]
+pub fn capture(set: &BufferSet, tgid: u32, key: &mut SampleKey) {
+    match walk(set, tgid, None) {
+        Ok(walked) => store(set, walked, key),
+        Err(status) => key.user_stack_id = status,
+    }
+}
+
+/// Walks the user stack of the current task into this CPU's walk buffer, or returns a
+/// negative `stack_status` (counted). `regs`: the task's user registers if the caller has
 /// them at hand (a sample taken in user mode), else they are read from the task.
 #[inline(always)]
-pub fn user_stack_id(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> i32 {
-    let regs = match regs {
-        Some(regs) => *regs,
-        None => match task_user_regs() {
-            Some(regs) => regs,
-            None => return stack_status::NONE,
-        },
+pub fn walk(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> Result<Walked, i32> {
+    let (pc, sp, bp) = match regs {
+        Some(regs) => (regs.rip, regs.rsp, regs.rbp),
+        None => task_user_regs().ok_or(stack_status::NONE)?,
     };
-    let (Some(stack), Some(window)) = (WALK.get_ptr_mut(0), WINDOW.get_ptr_mut(0)) else { return stack_status::ERROR };
+    let (Some(stack), Some(scratch)) = (WALK.get_ptr_mut(0), SCRATCH.get_ptr_mut(0)) else { return Err(stack_status::ERROR) };
     let mappings = match unsafe { PROCESS_MAPPINGS.get(&tgid) } {
         Some(mappings) => *mappings,
         None => {
@@ -99,15 +131,16 @@ pub fn user_stack_id(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> i32 
     unsafe {
         (*stack).len = 0;
         (*stack).stop = unwind_stop::DEPTH;
+        (*scratch).row_end = 0;
     }
     let mut walk = Walk {
-        pc: regs.rip,
-        sp: regs.rsp,
-        bp: regs.rbp,
+        pc,
+        sp,
+        bp,
         mappings,
         mapping: ExecMapping::default(),
         stack,
-        window,
+        scratch,
         window_start: 0,
         window_end: 0,
         hash: 0xcbf2_9ce4_8422_2325,
@@ -118,14 +151,13 @@ pub fn user_stack_id(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> i32 
     };
     if walked < 0 {
         bump(set.counters, counter::USER_STACK_ERROR);
-        return stack_status::ERROR;
+        return Err(stack_status::ERROR);
     }
     let stack = unsafe { &mut *stack };
     bump(set.counters, counter::UNWIND_STOPS + stack.stop.min(unwind_stop::COUNT - 1));
     let hash = mix(walk.hash, ((stack.stop as u64) << 32) | stack.len as u64);
     stack.check = mix(walk.check, hash);
-    let id = ((hash ^ (hash >> 32)) & 0x7fff_ffff) as u32;
-    store(set, id, stack)
+    Ok(Walked { id: ((hash ^ (hash >> 32)) & 0x7fff_ffff) as u32, check: stack.check })
 }
 
 /// The process exited or exec'd: its mappings are no longer its own.
@@ -139,35 +171,43 @@ fn mix(hash: u64, value: u64) -> u64 {
     (hash ^ value).wrapping_mul(0x0000_0100_0000_01b3)
 }
 
-/// Stores the walked stack under `id`, unless the same stack is there already.
+/// Stores the stack `walked` (this CPU's walk buffer) under its id, unless the same stack is
+/// there already, and names it in the key; a stack that cannot be stored is named by its
+/// status (counted).
 #[inline(always)]
-fn store(set: &BufferSet, id: u32, stack: &UserStack) -> i32 {
+pub fn store(set: &BufferSet, walked: Walked, key: &mut SampleKey) {
+    let Some(stack) = WALK.get_ptr(0) else { return key.user_stack_id = stack_status::ERROR };
+    let stack = unsafe { &*stack };
+    let id = walked.id;
     let same = |existing: *const UserStack| unsafe { (*existing).check == stack.check && (*existing).len == stack.len };
-    if let Some(existing) = set.user_stacks.get_ptr(&id) {
+    let status = if let Some(existing) = set.user_stacks.get_ptr(&id) {
         if same(existing) {
-            return id as i32;
+            return walked.name_in(key);
         }
+        stack_status::COLLISION
     } else if set.user_stacks.insert(&id, stack, BPF_NOEXIST as u64).is_ok() {
-        return id as i32;
+        return walked.name_in(key);
     } else if let Some(existing) = set.user_stacks.get_ptr(&id) {
         // Another CPU stored a stack under this id first: the same one, or a collision.
         if same(existing) {
-            return id as i32;
+            return walked.name_in(key);
         }
+        stack_status::COLLISION
     } else {
-        bump(set.counters, counter::USER_STACK_ERROR); // the map is full
-        return stack_status::ERROR;
-    }
-    bump(set.counters, counter::USER_STACK_COLLISION);
-    stack_status::COLLISION
+        stack_status::ERROR // the map is full
+    };
+    bump(set.counters, if status == stack_status::COLLISION { counter::USER_STACK_COLLISION } else { counter::USER_STACK_ERROR });
+    key.user_stack_id = status;
+    key.user_stack_check = 0;
 }
 
-/// The registers the task had when it last left user mode, or None for a kernel thread.
+/// Where the current task was when it last left user mode (pc, sp, bp), or None for a
+/// kernel thread. The verifier knows the pointer's type: its fields are loaded directly,
+/// with no helper call copying all the registers.
 #[inline(always)]
-fn task_user_regs() -> Option<pt_regs> {
-    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const pt_regs;
-    let regs = unsafe { bpf_probe_read_kernel(regs) }.ok()?;
-    in_user_mode(&regs).then_some(regs)
+fn task_user_regs() -> Option<(u64, u64, u64)> {
+    let regs = unsafe { &*(bpf_task_pt_regs(bpf_get_current_task_btf()) as *const pt_regs) };
+    in_user_mode(regs).then(|| (regs.rip, regs.rsp, regs.rbp))
 }
 
 /// Whether registers are user mode's: the code segment's privilege level is 3.
@@ -231,12 +271,12 @@ fn caller(walk: &mut Walk, pc: u64) -> Result<(u64, u64, u64), u32> {
 fn read_pair(walk: &mut Walk, at: u64) -> Result<[u64; 2], u32> {
     let held = |walk: &Walk| at & 7 == 0 && walk.window_start <= at && at + 16 <= walk.window_end;
     if at & 7 == 0 && !held(walk) {
-        let copied = unsafe { bpf_probe_read_user_raw(walk.window as *mut c_void, WINDOW_BYTES as u32, at as *const c_void) };
+        let copied = unsafe { bpf_probe_read_user_raw(walk.scratch as *mut c_void, WINDOW_BYTES as u32, at as *const c_void) };
         (walk.window_start, walk.window_end) = if copied == 0 { (at, at + WINDOW_BYTES) } else { (0, 0) };
     }
     if held(walk) {
         let index = ((at - walk.window_start) / 8) as usize & (WINDOW_WORDS - 1);
-        let words = unsafe { &(*walk.window).words };
+        let words = unsafe { &(*walk.scratch).words };
         return Ok([*words.get(index).ok_or(unwind_stop::READ_FAULT)?, *words.get(index + 1).ok_or(unwind_stop::READ_FAULT)?]);
     }
     unsafe { bpf_probe_read_user(at as *const [u64; 2]) }.map_err(|_| unwind_stop::READ_FAULT)
@@ -250,6 +290,7 @@ fn caller_frame(walk: &mut Walk, pc: u64) -> Result<(u64, Option<u64>), u32> {
     if !walk.mapping.covers(pc) {
         if let Some(mapping) = find_mapping(&walk.mappings, pc) {
             walk.mapping = mapping;
+            unsafe { (*walk.scratch).row_end = 0 };
         }
     }
     let mapping = walk.mapping;
@@ -265,7 +306,13 @@ fn caller_frame(walk: &mut Walk, pc: u64) -> Result<(u64, Option<u64>), u32> {
     if relative > u32::MAX as u64 {
         return Err(unwind_stop::NO_INFO);
     }
-    let row = find_row(&mapping, relative as u32).ok_or(unwind_stop::NO_INFO)?;
+    let relative = relative as u32;
+    // Recursion returns to the same code frame after frame: try the last row first.
+    let last = unsafe { &mut *walk.scratch };
+    if !(last.row.pc <= relative && relative < last.row_end) {
+        (last.row, last.row_end) = find_row(&mapping, relative).ok_or(unwind_stop::NO_INFO)?;
+    }
+    let row = last.row;
     let cfa = match row.kind {
         row_kind::CFA_RSP => walk.sp + row.cfa_offset as u64,
         row_kind::CFA_RBP => walk.bp + row.cfa_offset as u64,
@@ -291,9 +338,9 @@ fn find_mapping(mappings: &ProcessMappings, pc: u64) -> Option<ExecMapping> {
 }
 
 /// The last of a table's rows that starts at or before `pc`, searched for among the rows of
-/// its page.
+/// its page, and where the next row starts (0: it is the last).
 #[inline(always)]
-fn find_row(mapping: &ExecMapping, pc: u32) -> Option<UnwindRow> {
+fn find_row(mapping: &ExecMapping, pc: u32) -> Option<(UnwindRow, u32)> {
     let page = (pc as u64 / UNWIND_PAGE) as u32;
     if page >= mapping.pages {
         return None; // beyond the table's last row, which is a no-info end
@@ -302,7 +349,9 @@ fn find_row(mapping: &ExecMapping, pc: u32) -> Option<UnwindRow> {
     let first = mapping.first_row + rows.first;
     let last = search(rows.end.saturating_sub(rows.first), ROW_STEPS, |i| Some(UNWIND_ROWS.get(first + i)?.pc as u64), pc as u64)?;
     let row = *UNWIND_ROWS.get(first + last)?;
-    (row.pc <= pc).then_some(row)
+    let next = first + last + 1;
+    let end = if next < mapping.first_row + mapping.rows { UNWIND_ROWS.get(next)?.pc } else { 0 };
+    (row.pc <= pc).then_some((row, end))
 }
 
 /// Binary search of `len` sorted keys (`key(i)`, below 2^63) for the last one at or before
@@ -318,8 +367,9 @@ fn search(len: u32, steps: u32, key: impl Fn(u32) -> Option<u64>, target: u64) -
         }
         let half = left / 2;
         // 1 when the key is after the target, else 0 (keys and target are below 2^63).
-        // black_box keeps the compiler from turning this back into a branch.
-        let after = core::hint::black_box(target).wrapping_sub(key(base + half)?) >> 63;
+        // black_box hides that it is 0 or 1, which the compiler would turn back into a
+        // branch (and did, after unrelated changes to the walker).
+        let after = core::hint::black_box(target.wrapping_sub(key(base + half)?) >> 63);
         base += half & (after as u32).wrapping_sub(1);
         left -= half;
     }

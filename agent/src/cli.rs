@@ -170,8 +170,9 @@ pub struct SamplingArgs {
     /// Off-CPU: record one block in N (each counted N times) to bound cost [default: 1].
     #[arg(long)]
     pub offcpu_sample_ratio: Option<u32>,
-    /// Off-CPU: threads blocked at once that can be measured; blocks beyond are counted as
-    /// lost (off_cpu_table_full) [default: 65536].
+    /// Off-CPU: live threads whose blocks can be measured (a thread holds its slot from its
+    /// first block until it exits); blocks of threads beyond are counted as lost
+    /// (off_cpu_table_full) [default: 65536].
     #[arg(long)]
     pub offcpu_max_threads: Option<u32>,
     /// Samples per second per CPU [run: 19, record: 99].

@@ -65,8 +65,8 @@ fn wall_profile_splits_a_half_busy_thread_truthfully() {
 fn a_full_blocked_thread_table_counts_what_it_cannot_measure() {
     require_root();
     let dir = TempDir::new("offcpu-full");
-    // 16 threads blocked at once, room for 4: the others' blocks are counted as lost, not
-    // silently evicted (the table used to be an LRU, whose evictions nothing counted).
+    // 16 threads that block, room for 4: the others' blocks are counted as lost, not silently
+    // evicted (the table used to be an LRU, whose evictions nothing counted).
     let fixture = Fixture::spawn_with(std::process::Command::new(FIXTURE), "sleepers", 2.0, &["16"]);
     let pid = fixture.pid().to_string();
     let args = ["--events", "offcpu", "--pid", &pid, "--offcpu-max-threads", "4"];

@@ -102,8 +102,9 @@ impl Sampler {
     /// right now, and the send stacks captured in the interval being drained (transmits
     /// use them during the next interval too).
     fn referenced_stack_ids(&self, set: u8, generation: u32) -> HashSet<(bool, u32)> {
-        let blocked = self.off_cpu_start.iter().flat_map(|m| m.iter().filter_map(Result::ok).map(|(_, s)| s.key));
-        let blocked = blocked.filter(|key| key.stack_set == set);
+        let blocked = self.off_cpu_start.iter().flat_map(|m| m.iter().filter_map(Result::ok).map(|(_, s)| s));
+        // A thread that woke keeps its entry for its next block, with start 0.
+        let blocked = blocked.filter(|start| start.start_ns != 0 && start.key.stack_set == set).map(|start| start.key);
         let senders = self.sock_owner.iter().flat_map(|m| m.iter().filter_map(Result::ok).map(|(_, o)| o));
         let senders = senders.filter(|owner| owner.generation == generation).map(|owner| owner.key);
         blocked

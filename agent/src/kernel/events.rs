@@ -115,7 +115,7 @@ pub struct OffCpuSettings {
     pub max_block_ns: u64,
     /// Record one block in `ratio` (counted `ratio` times).
     pub ratio: u32,
-    /// Threads that can be blocked and measured at once; blocks beyond are counted as
-    /// `off_cpu_table_full`.
+    /// Threads whose blocks can be measured: each keeps its entry from its first block until
+    /// it exits. Blocks of threads beyond are counted as `off_cpu_table_full`.
     pub max_threads: u32,
 }
