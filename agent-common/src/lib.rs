@@ -386,6 +386,11 @@ pub mod run {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProcessEvent {
     pub tgid: u32,
+    pub _pad: u32,
+    /// 0 for a process seen for the first time or after exec. Else a pc where a user-stack
+    /// walk ended outside every mapping userspace gave the walker: code mapped since they
+    /// were read (a library loaded with dlopen) if no mapping userspace knows holds it.
+    pub pc: u64,
 }
 
 /// Map and global names, used by the BPF object and looked up by the loader.

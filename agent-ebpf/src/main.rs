@@ -235,8 +235,35 @@ fn announce_process(tgid: u32, stage: u8, set: &BufferSet) {
     if KNOWN_TGIDS.insert(&tgid, &stage, flags as u64).is_err() {
         return; // another CPU announced it first
     }
-    if PROCESS_EVENTS.output::<ProcessEvent>(&ProcessEvent { tgid }, 0).is_err() {
+    if PROCESS_EVENTS.output::<ProcessEvent>(&ProcessEvent { tgid, _pad: 0, pc: 0 }, 0).is_err() {
         let _ = KNOWN_TGIDS.remove(&tgid);
+        bump(set.counters, counter::PROCESS_EVENT_LOST);
+    }
+}
+
+/// Megabytes of a process's address space (tgid << 32 | pc >> 20) where walks ended outside
+/// the mappings userspace gave the walker, and the interval (set generation) in which
+/// userspace was last told.
+#[map]
+static UNMAPPED_TOLD: LruHashMap<u64, u32> = LruHashMap::with_max_entries(4096, 0);
+
+/// A walk of `tgid`'s stack ended at `pc`, outside every mapping userspace gave the walker:
+/// a library loaded since they were read (dlopen), JIT code, or a wrong return address.
+/// Tells userspace, which reads the mappings again if none it knows holds `pc`: once per
+/// interval and megabyte, so that wrong return addresses cost little, while a new library
+/// (new addresses) is told at once.
+#[inline(always)]
+fn announce_unmapped(tgid: u32, pc: u64, set: &BufferSet) {
+    // Below the first page or above user space: not code, a wrong return address.
+    if !(0x1000..0x8000_0000_0000).contains(&pc) {
+        return;
+    }
+    let region = ((tgid as u64) << 32) | (pc >> 20);
+    if unsafe { UNMAPPED_TOLD.get(&region) } == Some(&set.generation) {
+        return;
+    }
+    let _ = UNMAPPED_TOLD.insert(&region, &set.generation, 0);
+    if PROCESS_EVENTS.output::<ProcessEvent>(&ProcessEvent { tgid, _pad: 0, pc }, 0).is_err() {
         bump(set.counters, counter::PROCESS_EVENT_LOST);
     }
 }

@@ -19,7 +19,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 
-use crate::{bump, BufferSet};
+use crate::{announce_unmapped, bump, BufferSet};
 
 /// Every loaded table's rows; userspace sizes it to the table memory budget and fills it
 /// through a shared mapping.
@@ -39,27 +39,19 @@ static PROCESS_MAPPINGS: HashMap<u32, ProcessMappings> = HashMap::with_max_entri
 /// The stack being walked on this CPU (too large for the BPF stack).
 #[map]
 static WALK: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
-/// What a walk keeps apart from `Walk` (see `Scratch`).
+/// A copy of the part of the user stack being walked: one read of user memory serves the
+/// frames it holds, instead of one read per frame.
 #[map]
-static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+static WINDOW: PerCpuArray<StackWindow> = PerCpuArray::with_max_entries(1, 0);
 
 /// Bytes of user stack copied at a time.
 const WINDOW_BYTES: u64 = 512;
 const WINDOW_WORDS: usize = (WINDOW_BYTES / 8) as usize;
 
-/// The walk's state kept in a map, not in `Walk`: the window is too large for the BPF stack,
-/// and the verifier tracks what a loop keeps on the stack (the row's values made it explore
-/// too many states).
 #[repr(C)]
-pub struct Scratch {
-    /// A copy of the part of the user stack being walked: one read of user memory serves the
-    /// frames it holds. One word more than the window: a pair read at its last word stays
-    /// inside the value.
+pub struct StackWindow {
+    /// One word more than the window: a pair read at its last word stays inside the value.
     words: [u64; WINDOW_WORDS + 1],
-    /// The last row found in the current mapping's table, and where the next one starts
-    /// (0: none).
-    row: UnwindRow,
-    row_end: u32,
 }
 
 /// Steps of the binary searches: enough for `MAX_MAPPINGS` and `MAX_TABLE_ROWS`.
@@ -76,7 +68,7 @@ struct Walk {
     /// The last mapping found (empty at first).
     mapping: ExecMapping,
     stack: *mut UserStack,
-    scratch: *mut Scratch,
+    window: *mut StackWindow,
     /// User addresses the window holds (empty at first).
     window_start: u64,
     window_end: u64,
@@ -120,7 +112,7 @@ pub fn walk(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> Result<Walked
         Some(regs) => (regs.rip, regs.rsp, regs.rbp),
         None => task_user_regs().ok_or(stack_status::NONE)?,
     };
-    let (Some(stack), Some(scratch)) = (WALK.get_ptr_mut(0), SCRATCH.get_ptr_mut(0)) else { return Err(stack_status::ERROR) };
+    let (Some(stack), Some(window)) = (WALK.get_ptr_mut(0), WINDOW.get_ptr_mut(0)) else { return Err(stack_status::ERROR) };
     let mappings = match unsafe { PROCESS_MAPPINGS.get(&tgid) } {
         Some(mappings) => *mappings,
         None => {
@@ -131,7 +123,6 @@ pub fn walk(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> Result<Walked
     unsafe {
         (*stack).len = 0;
         (*stack).stop = unwind_stop::DEPTH;
-        (*scratch).row_end = 0;
     }
     let mut walk = Walk {
         pc,
@@ -140,7 +131,7 @@ pub fn walk(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> Result<Walked
         mappings,
         mapping: ExecMapping::default(),
         stack,
-        scratch,
+        window,
         window_start: 0,
         window_end: 0,
         hash: 0xcbf2_9ce4_8422_2325,
@@ -152,6 +143,11 @@ pub fn walk(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> Result<Walked
     if walked < 0 {
         bump(set.counters, counter::USER_STACK_ERROR);
         return Err(stack_status::ERROR);
+    }
+    // Checked once here, not per frame: one more branch in the loop was too many paths for
+    // the verifier. A walk through unknown code ends there or soon after.
+    if !walk.mapping.covers(walk.pc) && mappings.count > 0 {
+        announce_unmapped(tgid, walk.pc, set);
     }
     let stack = unsafe { &mut *stack };
     bump(set.counters, counter::UNWIND_STOPS + stack.stop.min(unwind_stop::COUNT - 1));
@@ -271,12 +267,12 @@ fn caller(walk: &mut Walk, pc: u64) -> Result<(u64, u64, u64), u32> {
 fn read_pair(walk: &mut Walk, at: u64) -> Result<[u64; 2], u32> {
     let held = |walk: &Walk| at & 7 == 0 && walk.window_start <= at && at + 16 <= walk.window_end;
     if at & 7 == 0 && !held(walk) {
-        let copied = unsafe { bpf_probe_read_user_raw(walk.scratch as *mut c_void, WINDOW_BYTES as u32, at as *const c_void) };
+        let copied = unsafe { bpf_probe_read_user_raw(walk.window as *mut c_void, WINDOW_BYTES as u32, at as *const c_void) };
         (walk.window_start, walk.window_end) = if copied == 0 { (at, at + WINDOW_BYTES) } else { (0, 0) };
     }
     if held(walk) {
         let index = ((at - walk.window_start) / 8) as usize & (WINDOW_WORDS - 1);
-        let words = unsafe { &(*walk.scratch).words };
+        let words = unsafe { &(*walk.window).words };
         return Ok([*words.get(index).ok_or(unwind_stop::READ_FAULT)?, *words.get(index + 1).ok_or(unwind_stop::READ_FAULT)?]);
     }
     unsafe { bpf_probe_read_user(at as *const [u64; 2]) }.map_err(|_| unwind_stop::READ_FAULT)
@@ -290,7 +286,6 @@ fn caller_frame(walk: &mut Walk, pc: u64) -> Result<(u64, Option<u64>), u32> {
     if !walk.mapping.covers(pc) {
         if let Some(mapping) = find_mapping(&walk.mappings, pc) {
             walk.mapping = mapping;
-            unsafe { (*walk.scratch).row_end = 0 };
         }
     }
     let mapping = walk.mapping;
@@ -306,13 +301,7 @@ fn caller_frame(walk: &mut Walk, pc: u64) -> Result<(u64, Option<u64>), u32> {
     if relative > u32::MAX as u64 {
         return Err(unwind_stop::NO_INFO);
     }
-    let relative = relative as u32;
-    // Recursion returns to the same code frame after frame: try the last row first.
-    let last = unsafe { &mut *walk.scratch };
-    if !(last.row.pc <= relative && relative < last.row_end) {
-        (last.row, last.row_end) = find_row(&mapping, relative).ok_or(unwind_stop::NO_INFO)?;
-    }
-    let row = last.row;
+    let row = find_row(&mapping, relative as u32).ok_or(unwind_stop::NO_INFO)?;
     let cfa = match row.kind {
         row_kind::CFA_RSP => walk.sp + row.cfa_offset as u64,
         row_kind::CFA_RBP => walk.bp + row.cfa_offset as u64,
@@ -338,9 +327,9 @@ fn find_mapping(mappings: &ProcessMappings, pc: u64) -> Option<ExecMapping> {
 }
 
 /// The last of a table's rows that starts at or before `pc`, searched for among the rows of
-/// its page, and where the next row starts (0: it is the last).
+/// its page.
 #[inline(always)]
-fn find_row(mapping: &ExecMapping, pc: u32) -> Option<(UnwindRow, u32)> {
+fn find_row(mapping: &ExecMapping, pc: u32) -> Option<UnwindRow> {
     let page = (pc as u64 / UNWIND_PAGE) as u32;
     if page >= mapping.pages {
         return None; // beyond the table's last row, which is a no-info end
@@ -349,9 +338,7 @@ fn find_row(mapping: &ExecMapping, pc: u32) -> Option<(UnwindRow, u32)> {
     let first = mapping.first_row + rows.first;
     let last = search(rows.end.saturating_sub(rows.first), ROW_STEPS, |i| Some(UNWIND_ROWS.get(first + i)?.pc as u64), pc as u64)?;
     let row = *UNWIND_ROWS.get(first + last)?;
-    let next = first + last + 1;
-    let end = if next < mapping.first_row + mapping.rows { UNWIND_ROWS.get(next)?.pc } else { 0 };
-    (row.pc <= pc).then_some((row, end))
+    (row.pc <= pc).then_some(row)
 }
 
 /// Binary search of `len` sorted keys (`key(i)`, below 2^63) for the last one at or before

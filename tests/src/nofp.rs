@@ -42,6 +42,16 @@ pub fn build(dir: &Path) -> Workloads {
     Workloads { pie, no_pie, rust }
 }
 
+/// Compiles `late.c` (which loads libphases.so with dlopen once it has run a while) and the
+/// library into `dir`, as the other C workloads: the program and the library.
+pub fn build_late(dir: &Path) -> (PathBuf, PathBuf) {
+    let (out, library) = (dir.join("late"), dir.join("libphases.so"));
+    let nofp = ["-O2", "-fomit-frame-pointer"];
+    crate::compile_c(&Path::new(SOURCES).join("library.c"), &library, &[&nofp[..], &["-fPIC", "-shared"]].concat());
+    crate::compile_c(&Path::new(SOURCES).join("late.c"), &out, &nofp);
+    (out, library)
+}
+
 /// Compiles `clock.c` (a loop on clock_gettime, which runs in the vDSO) into `dir`, as the
 /// other C workloads.
 pub fn build_clock(dir: &Path) -> PathBuf {

@@ -240,6 +240,35 @@ fn stacks_through_the_vdso_are_complete_and_named() {
     assert!(reached as f64 >= 0.995 * total as f64, "{reached} of {total} samples reach main");
 }
 
+/// A library loaded with dlopen after the process's mappings were read (at its first sample,
+/// before the dlopen): the walker finds code it has no mapping for and asks for the mappings
+/// again, so that stacks through the library are complete within the same interval, not
+/// only after the next drain. The interval (60 s) outlasts the test: one drain, at the end.
+#[test]
+fn stacks_through_a_library_loaded_after_the_first_sample_are_complete_at_once() {
+    require_root();
+    let dir = TempDir::new("nofp-late");
+    let (late, library) = nofp::build_late(&dir.path(""));
+    let mut workload = held(&late, &[library.to_str().unwrap(), "4"]);
+    let (out, pid) = (dir.path("profiles"), workload.id().to_string());
+    let mut agent = Agent::spawn(&["run", "-F", "499", "--interval", "60s", "--pid", &pid, "--output-dir", out.to_str().unwrap()]);
+    agent.wait_ready();
+    launch_and_wait(&mut workload);
+    agent.signal(libc::SIGTERM);
+    agent.wait_success(Duration::from_secs(30));
+
+    let profiles = Decoded::read_kind(&out, "cpu");
+    assert_eq!(profiles.len(), 1, "one interval");
+    let in_library: Vec<&Sample> = profiles[0].samples.iter().filter(|s| has_prefix(&names(s), "lib_")).collect();
+    let (complete, total) = weighted(&in_library, |frames| {
+        let from_main: Vec<&str> = frames.iter().map(String::as_str).skip_while(|f| f.starts_with("lib_")).collect();
+        frames.contains(&"lib_work".to_string()) && from_main.starts_with(&["call_late_library", "main"])
+    });
+    // 3 s in the library at 499 Hz.
+    assert!(total > 1000, "{total} samples in the library");
+    assert!(complete as f64 >= 0.99 * total as f64, "{complete} of {total} samples in the library reach main through it");
+}
+
 /// Builds the fixtures into `dir`, and a table budget (`--unwind-table-mib`) with room for the
 /// PIE fixture and its library, and for the non-PIE one only once the PIE's tables are idle
 /// and evicted (libc and ld.so are left out: walked by frame pointers).

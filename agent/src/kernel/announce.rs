@@ -26,17 +26,16 @@ impl Announcements {
         Ok(())
     }
 
-    /// The tgids announced since the last call, oldest first.
-    pub fn take(&mut self) -> Vec<u32> {
+    /// What was announced since the last call, oldest first.
+    pub fn take(&mut self) -> Vec<ProcessEvent> {
         let ring = self.ring.get_mut();
-        let mut tgids = Vec::new();
+        let mut events = Vec::new();
         while let Some(item) = ring.next() {
             if item.len() >= size_of::<ProcessEvent>() {
                 // SAFETY: the kernel wrote a ProcessEvent (#[repr(C)], shared definition).
-                let event: ProcessEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-                tgids.push(event.tgid);
+                events.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) });
             }
         }
-        tgids
+        events
     }
 }

@@ -86,8 +86,12 @@ impl Resolver {
     }
 
     fn capture_announced(&mut self) {
-        for tgid in self.announcements.take() {
-            self.processes.capture(tgid);
+        for event in self.announcements.take() {
+            // A walk that ended in unknown code: read the mappings again only if no mapping
+            // known holds it (a wrong return address mostly points into data).
+            if event.pc == 0 || !self.processes.holds(event.tgid, event.pc) {
+                self.processes.capture(event.tgid);
+            }
         }
         self.load_unwind_tables();
     }

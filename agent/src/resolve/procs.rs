@@ -4,6 +4,7 @@
 use std::{
     collections::{HashMap, HashSet},
     fs::{self, File},
+    ops::Range,
     os::{fd::AsRawFd, unix::fs::MetadataExt},
     path::PathBuf,
     sync::{Arc, Weak},
@@ -81,6 +82,8 @@ pub struct Process {
     /// Executable name (/proc/<pid>/comm of the main thread).
     pub name: String,
     mappings: Vec<Mapping>,
+    /// Its other mappings (data, stacks): where a wrong return address mostly points.
+    data: Vec<Range<u64>>,
     /// Names of its JIT-compiled code, read when an address outside its files needs one.
     perf_map: PerfMap,
     pub exited: bool,
@@ -210,14 +213,26 @@ impl ProcessTable {
         let name = fs::read_to_string(format!("/proc/{tgid}/comm")).unwrap_or_default().trim().to_string();
         // Read after all (a read can fail while the process execs): not a loss.
         self.unread.remove(&tgid);
-        let mappings = maps.lines().filter_map(|line| self.parse_mapping(tgid, line)).collect();
+        let (mut mappings, mut data) = (Vec::new(), Vec::new());
+        for line in maps.lines().filter_map(MapsLine::parse) {
+            if line.executable {
+                mappings.push(self.mapping(tgid, line));
+            } else {
+                data.push(line.start..line.end);
+            }
+        }
         // Its perf map, read so far, stays (a runtime that execs another rewrites it).
         let perf_map = self.processes.remove(&tgid).map(|p| p.perf_map).unwrap_or_default();
-        let mut process = Process { name, mappings, perf_map, exited: false };
+        let mut process = Process { name, mappings, data, perf_map, exited: false };
         process.find_python_trampolines(tgid);
         self.processes.insert(tgid, process);
         self.captured.push(tgid);
         true
+    }
+
+    /// Whether a mapping of `tgid` read so far, code or data, holds `addr`.
+    pub fn holds(&self, tgid: u32, addr: u64) -> bool {
+        self.processes.get(&tgid).is_some_and(|p| p.mappings.iter().any(|m| m.start <= addr && addr < m.end) || p.data.iter().any(|r| r.contains(&addr)))
     }
 
     /// Processes captured since the last call, with their file-backed executable mappings.
@@ -262,11 +277,8 @@ impl ProcessTable {
         self.binaries.values().filter_map(Weak::upgrade).map(|b| b.table_key()).collect()
     }
 
-    fn parse_mapping(&mut self, tgid: u32, line: &str) -> Option<Mapping> {
-        let line = MapsLine::parse(line)?;
-        if !line.executable {
-            return None; // only code can appear in a stack
-        }
+    /// An executable mapping (only code can appear in a stack).
+    fn mapping(&mut self, tgid: u32, line: MapsLine) -> Mapping {
         let MapsLine { start, end, file_offset, path, .. } = line;
         let target = if path == "[vdso]" {
             let vdso = vdso::image(end - start).and_then(|image| self.shared(path, image));
@@ -279,7 +291,7 @@ impl ProcessTable {
                 None => MappingTarget::Special(path.to_string()),
             }
         };
-        Some(Mapping { start, end, file_offset, target, python_trampolines: false })
+        Mapping { start, end, file_offset, target, python_trampolines: false }
     }
 
     /// The binary a maps line names: one already open, or the file opened now.
