@@ -26,9 +26,8 @@ fn run(command: &mut Command) {
 /// rustc -C opt-level=3 -C force-frame-pointers=no.
 pub fn build(dir: &Path) -> Workloads {
     let source = |name: &str| Path::new(SOURCES).join(name);
-    let library = dir.join("libphases.so");
+    let library = build_library(dir);
     let nofp = ["-O2", "-fomit-frame-pointer"];
-    run(Command::new("gcc").args(nofp).args(["-fPIC", "-shared", "-o"]).arg(&library).arg(source("library.c")));
     let rpath = format!("-Wl,-rpath,{}", dir.display());
     let (pie, no_pie) = (dir.join("phases"), dir.join("phases-no-pie"));
     for (out, flag) in [(&pie, "-pie"), (&no_pie, "-no-pie")] {
@@ -45,11 +44,16 @@ pub fn build(dir: &Path) -> Workloads {
 /// Compiles `late.c` (which loads libphases.so with dlopen once it has run a while) and the
 /// library into `dir`, as the other C workloads: the program and the library.
 pub fn build_late(dir: &Path) -> (PathBuf, PathBuf) {
-    let (out, library) = (dir.join("late"), dir.join("libphases.so"));
-    let nofp = ["-O2", "-fomit-frame-pointer"];
-    crate::compile_c(&Path::new(SOURCES).join("library.c"), &library, &[&nofp[..], &["-fPIC", "-shared"]].concat());
-    crate::compile_c(&Path::new(SOURCES).join("late.c"), &out, &nofp);
-    (out, library)
+    let out = dir.join("late");
+    crate::compile_c(&Path::new(SOURCES).join("late.c"), &out, &["-O2", "-fomit-frame-pointer"]);
+    (out, build_library(dir))
+}
+
+/// Compiles libphases.so (`library.c`) into `dir`, without frame pointers: its path.
+fn build_library(dir: &Path) -> PathBuf {
+    let library = dir.join("libphases.so");
+    crate::compile_c(&Path::new(SOURCES).join("library.c"), &library, &["-O2", "-fomit-frame-pointer", "-fPIC", "-shared"]);
+    library
 }
 
 /// Compiles `clock.c` (a loop on clock_gettime, which runs in the vDSO) into `dir`, as the

@@ -232,7 +232,7 @@ impl ProcessTable {
 
     /// Whether a mapping of `tgid` read so far, code or data, holds `addr`.
     pub fn holds(&self, tgid: u32, addr: u64) -> bool {
-        self.processes.get(&tgid).is_some_and(|p| p.mappings.iter().any(|m| m.start <= addr && addr < m.end) || p.data.iter().any(|r| r.contains(&addr)))
+        self.lookup(tgid, addr).is_some() || self.processes.get(&tgid).is_some_and(|p| p.data.iter().any(|r| r.contains(&addr)))
     }
 
     /// Processes captured since the last call, with their file-backed executable mappings.
