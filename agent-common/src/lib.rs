@@ -256,8 +256,10 @@ impl ExecMapping {
     }
 }
 
-/// Bytes of code per page index entry.
-pub const UNWIND_PAGE: u64 = 4096;
+/// Bytes of code per page index entry: small, so that each frame's search is short (a page of
+/// code has ten rows or so), but not below a few rows' worth of code, so that the page index
+/// stays within a quarter of the rows' memory.
+pub const UNWIND_PAGE: u64 = 512;
 
 /// The rows (table-relative indices `first..end`) that can cover an address in one page: from
 /// the row that covers the page's first byte to the one that covers the next page's.

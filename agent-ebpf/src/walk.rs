@@ -54,7 +54,9 @@ pub struct StackWindow {
     words: [u64; WINDOW_WORDS + 1],
 }
 
-/// Steps of the binary searches: enough for `MAX_MAPPINGS` and `MAX_TABLE_ROWS`.
+/// Steps of the binary searches: enough for `MAX_MAPPINGS` and `MAX_TABLE_ROWS`. (A page
+/// has far fewer rows, but the verifier gives up on the row search with fewer steps: the
+/// compiler then unrolls it.)
 const MAPPING_STEPS: u32 = 11;
 const ROW_STEPS: u32 = 24;
 
@@ -347,7 +349,8 @@ fn find_row(mapping: &ExecMapping, pc: u32) -> Option<UnwindRow> {
 /// step (2^steps in all, which it refuses).
 #[inline(always)]
 fn search(len: u32, steps: u32, key: impl Fn(u32) -> Option<u64>, target: u64) -> Option<u32> {
-    let (mut base, mut left) = (0u32, len);
+    // 64-bit locals: 32-bit ones cost two shifts each time they are widened.
+    let (mut base, mut left) = (0u64, len as u64);
     for _ in 0..steps {
         if left <= 1 {
             break;
@@ -356,9 +359,9 @@ fn search(len: u32, steps: u32, key: impl Fn(u32) -> Option<u64>, target: u64) -
         // 1 when the key is after the target, else 0 (keys and target are below 2^63).
         // black_box hides that it is 0 or 1, which the compiler would turn back into a
         // branch (and did, after unrelated changes to the walker).
-        let after = core::hint::black_box(target.wrapping_sub(key(base + half)?) >> 63);
-        base += half & (after as u32).wrapping_sub(1);
+        let after = core::hint::black_box(target.wrapping_sub(key((base + half) as u32)?) >> 63);
+        base += half & after.wrapping_sub(1);
         left -= half;
     }
-    (len > 0).then_some(base)
+    (len > 0).then_some(base as u32)
 }

@@ -25,20 +25,39 @@ fn run(command: &mut Command) {
 /// Compiles the workloads into `dir`: C with gcc at -O2 -fomit-frame-pointer, Rust with
 /// rustc -C opt-level=3 -C force-frame-pointers=no.
 pub fn build(dir: &Path) -> Workloads {
-    let source = |name: &str| Path::new(SOURCES).join(name);
     let library = build_library(dir);
-    let nofp = ["-O2", "-fomit-frame-pointer"];
-    let rpath = format!("-Wl,-rpath,{}", dir.display());
     let (pie, no_pie) = (dir.join("phases"), dir.join("phases-no-pie"));
     for (out, flag) in [(&pie, "-pie"), (&no_pie, "-no-pie")] {
-        run(Command::new("gcc").args(nofp).arg(flag).arg("-o").arg(out).arg(source("phases.c")).arg(&library).arg(&rpath));
+        compile_phases(out, &["-O2", "-fomit-frame-pointer", flag], &library);
     }
     let rust = dir.join("rust_phases");
     run(Command::new("rustc")
         .args(["-C", "opt-level=3", "-C", "force-frame-pointers=no", "-o"])
         .arg(&rust)
-        .arg(source("rust_phases.rs")));
+        .arg(Path::new(SOURCES).join("rust_phases.rs")));
     Workloads { pie, no_pie, rust }
+}
+
+/// Compiles `phases.c` into `dir` with frame pointers: the same code and stacks as the
+/// workloads without, for profilers that walk frame pointers only. (Its library has none,
+/// as in `build`.)
+pub fn build_with_frame_pointers(dir: &Path) -> PathBuf {
+    let out = dir.join("phases-fp");
+    compile_phases(&out, &["-O2", "-fno-omit-frame-pointer"], &build_library(dir));
+    out
+}
+
+/// Compiles `phases.c` into `out` with gcc `flags`, linked to `library`, which it finds in its
+/// directory at run time.
+fn compile_phases(out: &Path, flags: &[&str], library: &Path) {
+    let dir = library.parent().expect("the library is in a directory");
+    run(Command::new("gcc")
+        .args(flags)
+        .arg("-o")
+        .arg(out)
+        .arg(Path::new(SOURCES).join("phases.c"))
+        .arg(library)
+        .arg(format!("-Wl,-rpath,{}", dir.display())));
 }
 
 /// Compiles `late.c` (which loads libphases.so with dlopen once it has run a while) and the

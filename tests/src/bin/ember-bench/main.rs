@@ -38,6 +38,10 @@ struct BenchArgs {
     /// oncpu: run a C workload built without frame pointers (perf then unwinds with DWARF).
     #[arg(long)]
     no_frame_pointers: bool,
+    /// oncpu: run only that C workload's 100-deep recursion, built with frame pointers, so that
+    /// every profiler walks the whole stack (what a frame costs each).
+    #[arg(long)]
+    deep: bool,
     /// oncpu: run a C++ binary with about 100 MB of DWARF beside the workers (what naming it
     /// costs the agent).
     #[arg(long)]
@@ -58,7 +62,7 @@ fn main() {
 fn bench(args: BenchArgs) -> Result<()> {
     let _stats = BpfStatsEnabled::enable()?;
     match args.which.as_str() {
-        "oncpu" => oncpu::run(args.seconds, &args.frequencies, args.no_frame_pointers, args.debug_binary),
+        "oncpu" => oncpu::run(args.seconds, &args.frequencies, args.no_frame_pointers, args.deep, args.debug_binary),
         "offcpu" => offcpu::run(args.seconds),
         "governor" => governor::run(args.seconds, args.busy_us),
         "net" => net::run(args.seconds),

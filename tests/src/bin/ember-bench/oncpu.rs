@@ -1,7 +1,9 @@
 //! `cargo xtask bench oncpu`: the same busy workload with no profiler, with `perf record`,
 //! with bpftrace and with ember-agent, side by side, at each frequency. The workload is the
 //! Rust fixture with frame pointers (70/30 split), or with `--no-frame-pointers` the C
-//! `phases` fixture built without them, where perf unwinds with DWARF (`--call-graph dwarf`).
+//! `phases` fixture built without them, where perf unwinds with DWARF (`--call-graph dwarf`),
+//! or with `--deep` that fixture's 100-deep recursion alone, built with frame pointers, so that
+//! every profiler walks the whole stack: what a frame costs each.
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -43,15 +45,18 @@ enum Workload {
     FramePointers,
     /// `phases` built without frame pointers (its path).
     NoFramePointers(PathBuf),
+    /// `phases recursion` built with frame pointers (its path): stacks about 105 frames deep.
+    Deep(PathBuf),
 }
 
 impl Workload {
     fn command(&self, seconds: f64) -> Command {
         let mut command = match self {
             Workload::FramePointers => Command::new(release_bin("fixture")),
-            Workload::NoFramePointers(phases) => Command::new(phases),
+            Workload::NoFramePointers(phases) | Workload::Deep(phases) => Command::new(phases),
         };
-        command.args(["split", &seconds.to_string()]);
+        let mode = if let Workload::Deep(_) = self { "recursion" } else { "split" };
+        command.args([mode, &seconds.to_string()]);
         command
     }
 
@@ -60,29 +65,32 @@ impl Workload {
         match self {
             Workload::FramePointers => "fixture",
             Workload::NoFramePointers(_) => "phases",
+            Workload::Deep(_) => "phases-fp",
         }
     }
 
     fn perf_name(&self) -> &'static str {
         match self {
-            Workload::FramePointers => "perf record -g",
+            Workload::FramePointers | Workload::Deep(_) => "perf record -g",
             Workload::NoFramePointers(_) => "perf --call-graph dwarf",
         }
     }
 
     fn perf_call_graph(&self) -> &'static [&'static str] {
         match self {
-            Workload::FramePointers => &["-g"],
+            Workload::FramePointers | Workload::Deep(_) => &["-g"],
             Workload::NoFramePointers(_) => &["--call-graph", "dwarf"],
         }
     }
 
     /// The column judging each profiler's stacks: hot_a's share of hot_a + hot_b (truth
-    /// 0.70), or the share of stacks that reach `main`.
+    /// 0.70), the share of stacks that reach `main`, or how deep they are (which needs no
+    /// names: bpftrace names user frames only while the process lives).
     fn judged(&self) -> &'static str {
         match self {
             Workload::FramePointers => "hot_a share (truth 0.70)",
             Workload::NoFramePointers(_) => "stacks reaching main",
+            Workload::Deep(_) => "frames per stack",
         }
     }
 
@@ -100,6 +108,10 @@ impl Workload {
                 if a + b == 0 { "frames unnamed".into() } else { format!("{:.3}", a as f64 / (a + b) as f64) }
             }
             Workload::NoFramePointers(_) => format!("{:.3}", count(&|f| f.iter().any(|n| n == "main")) as f64 / all as f64),
+            Workload::Deep(_) => {
+                let frames: u64 = stacks.iter().map(|(f, n)| f.len() as u64 * n).sum();
+                format!("{:.1}", frames as f64 / all as f64)
+            }
         }
     }
 }
@@ -176,14 +188,21 @@ struct Row {
     judged: String,
 }
 
-pub fn run(seconds: u64, frequencies: &[u64], no_frame_pointers: bool, debug_binary: bool) -> Result<()> {
+pub fn run(seconds: u64, frequencies: &[u64], no_frame_pointers: bool, deep: bool, debug_binary: bool) -> Result<()> {
+    anyhow::ensure!(!(deep && no_frame_pointers), "--deep and --no-frame-pointers are two workloads: pick one");
     let window = Duration::from_secs(seconds);
     if seconds % INTERVAL.as_secs() != 0 {
         println!("note: --seconds {seconds} is not a whole number of Ember's {}s intervals: its steady CPU then depends on how many drains the window catches", INTERVAL.as_secs());
     }
     let built = std::env::temp_dir().join(format!("ember-bench-nofp-{}", std::process::id()));
     fs::create_dir_all(&built)?;
-    let workload = if no_frame_pointers { Workload::NoFramePointers(nofp::build(&built).pie) } else { Workload::FramePointers };
+    let workload = if deep {
+        Workload::Deep(nofp::build_with_frame_pointers(&built))
+    } else if no_frame_pointers {
+        Workload::NoFramePointers(nofp::build(&built).pie)
+    } else {
+        Workload::FramePointers
+    };
     let beside = debug_binary.then(|| {
         println!("bench oncpu: building the big-debug workload (C++ at -O0 -g)");
         bigdebug::build(&built)
@@ -210,7 +229,10 @@ pub fn run(seconds: u64, frequencies: &[u64], no_frame_pointers: bool, debug_bin
     println!(
         "Command: cargo xtask bench oncpu --seconds {seconds} --frequencies {}{}",
         frequencies.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
-        if no_frame_pointers { " --no-frame-pointers" } else { "" }.to_string() + if debug_binary { " --debug-binary" } else { "" }
+        [(no_frame_pointers, " --no-frame-pointers"), (deep, " --deep"), (debug_binary, " --debug-binary")]
+            .iter()
+            .filter_map(|&(on, flag)| on.then_some(flag))
+            .collect::<String>()
     );
     println!("| profiler | Hz | BPF ns/sample | steady CPU % of one core | start-up CPU s | peak RSS MiB | RSS at end MiB (files) | BPF map MiB | throughput vs none | {} |", workload.workload.judged());
     println!("|---|---|---|---|---|---|---|---|---|---|");
