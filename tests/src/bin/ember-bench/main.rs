@@ -39,7 +39,8 @@ struct BenchArgs {
     #[arg(long)]
     no_frame_pointers: bool,
     /// oncpu: run only that C workload's 100-deep recursion, built with frame pointers, so that
-    /// every profiler walks the whole stack (what a frame costs each).
+    /// every profiler walks the whole stack (what a frame costs each). offcpu: ping-pong from
+    /// the bottom of that recursion instead of `perf bench sched pipe`.
     #[arg(long)]
     deep: bool,
     /// oncpu: run a C++ binary with about 100 MB of DWARF beside the workers (what naming it
@@ -63,7 +64,7 @@ fn bench(args: BenchArgs) -> Result<()> {
     let _stats = BpfStatsEnabled::enable()?;
     match args.which.as_str() {
         "oncpu" => oncpu::run(args.seconds, &args.frequencies, args.no_frame_pointers, args.deep, args.debug_binary),
-        "offcpu" => offcpu::run(args.seconds),
+        "offcpu" => offcpu::run(args.seconds, args.deep),
         "governor" => governor::run(args.seconds, args.busy_us),
         "net" => net::run(args.seconds),
         "transport" => transport::run(),

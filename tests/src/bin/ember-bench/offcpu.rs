@@ -1,35 +1,61 @@
 //! `cargo xtask bench offcpu`: `perf bench sched pipe` (two tasks ping-ponging through a pipe
 //! on one CPU: every operation is two context switches) with no profiler, with a bpftrace sched_switch
-//! program that records both stacks, and with Ember's off-CPU profiling.
-use std::{process::Command, time::Duration};
+//! program that records both stacks, and with Ember's off-CPU profiling. With `--deep`, the
+//! ping-pong is `phases pipe` built with frame pointers: every switch has a 100-deep user
+//! stack, which bpftrace's frame-pointer walk follows as far as Ember's table walk.
+use std::{
+    path::PathBuf,
+    process::Command,
+    time::Duration,
+};
 
 use anyhow::{Context as _, Result};
+use ember_tests::nofp;
 
 use super::{opt, release_bin, Profiler};
 
 const WARM_UP: Duration = Duration::from_secs(3);
 
-/// Runs `perf bench sched pipe` pinned to CPU 0 for about `seconds`; returns microseconds per
-/// operation. Pinned, every operation is two context switches on one CPU; unpinned, the
-/// figure measures cross-CPU wake-up latency of the VM instead.
-fn pipe_latency(seconds: u64) -> Result<f64> {
-    // About 2 us per op unprofiled on the reference machine: size the loop count to the window.
-    let loops = (seconds * 400_000).to_string();
-    let out = Command::new("taskset")
-        .args(["-c", "0", "perf", "bench", "sched", "pipe", "-l", &loops])
-        .output()
-        .context("running perf bench")?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find(|l| l.contains("usecs/op"))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .with_context(|| format!("no usecs/op in perf bench output: {text}"))
+/// What ping-pongs through the pipes.
+enum PingPong {
+    /// `perf bench sched pipe`.
+    Perf,
+    /// `phases pipe` (its path).
+    Deep(PathBuf),
 }
 
-pub fn run(seconds: u64) -> Result<()> {
-    println!("bench offcpu: perf bench sched pipe, ~{seconds}s per run");
-    let baseline = pipe_latency(seconds)?;
+/// Runs the ping-pong pinned to CPU 0 for about `seconds`; returns microseconds per
+/// operation. Pinned, every operation is two context switches on one CPU; unpinned, the
+/// figure measures cross-CPU wake-up latency of the VM instead.
+fn pipe_latency(ping_pong: &PingPong, seconds: u64) -> Result<f64> {
+    let mut command = Command::new("taskset");
+    command.args(["-c", "0"]);
+    match ping_pong {
+        // About 2 us per op unprofiled on the reference machine: size the loop count to the window.
+        PingPong::Perf => command.args(["perf", "bench", "sched", "pipe", "-l", &(seconds * 400_000).to_string()]),
+        PingPong::Deep(phases) => command.arg(phases).args(["pipe", &seconds.to_string()]),
+    };
+    let out = command.output().with_context(|| format!("running {command:?}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let latency = match ping_pong {
+        PingPong::Perf => text.lines().find(|l| l.contains("usecs/op")).and_then(|l| l.split_whitespace().next()?.parse().ok()),
+        // It prints its turns.
+        PingPong::Deep(_) => text.trim().parse::<f64>().ok().filter(|&turns| turns > 0.0).map(|turns| seconds as f64 * 1e6 / turns),
+    };
+    latency.with_context(|| format!("no operation count in the output of {command:?}: {text}"))
+}
+
+pub fn run(seconds: u64, deep: bool) -> Result<()> {
+    let built = std::env::temp_dir().join(format!("ember-bench-offcpu-build-{}", std::process::id()));
+    let ping_pong = if deep {
+        std::fs::create_dir_all(&built)?;
+        PingPong::Deep(nofp::build_with_frame_pointers(&built))
+    } else {
+        PingPong::Perf
+    };
+    let workload = if deep { "phases pipe (frame pointers, 100-deep stacks)" } else { "perf bench sched pipe" };
+    println!("bench offcpu: {workload}, ~{seconds}s per run");
+    let baseline = pipe_latency(&ping_pong, seconds)?;
     let mut bpftrace = Command::new("bpftrace");
     bpftrace.args(["-e", "tracepoint:sched:sched_switch { @[kstack, ustack] = count(); }"]).stdout(std::process::Stdio::null());
     let mut ember = Command::new(release_bin("ember-agent"));
@@ -40,15 +66,16 @@ pub fn run(seconds: u64) -> Result<()> {
         let profiler = Profiler::start(name, command)?;
         std::thread::sleep(WARM_UP);
         let before = profiler.snapshot()?;
-        let latency = pipe_latency(seconds)?;
+        let latency = pipe_latency(&ping_pong, seconds)?;
         let after = profiler.snapshot()?;
         profiler.stop()?;
         rows.push((name, after.bpf_ns_per_run_since(&before), latency));
         println!("  {name}: done");
     }
     let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&built);
     println!();
-    println!("Command: cargo xtask bench offcpu --seconds {seconds}");
+    println!("Command: cargo xtask bench offcpu --seconds {seconds}{}", if deep { " --deep" } else { "" });
     println!("| profiler | sched_switch program ns/run | pipe usecs/op | latency vs none |");
     println!("|---|---|---|---|");
     for (name, ns, latency) in rows {
