@@ -89,3 +89,25 @@ fn compact_rule(rule: Rule) -> UnwindRow {
         Rule::Unsupported(_) => kind(row_kind::UNSUPPORTED),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every address's covering row (the last that starts at or before it) is among the rows
+    /// its page lists, whatever the spacing of rows against page boundaries.
+    #[test]
+    fn each_page_lists_the_row_that_covers_each_of_its_addresses() {
+        // Rows a byte apart, a page apart, several pages apart, and on and off boundaries.
+        let starts = [0u32, 1, 2, 100, 511, 512, 513, 1024, 4000, 4096, 9000, 9001];
+        let rows: Vec<UnwindRow> = starts.iter().map(|&pc| UnwindRow { pc, ..Default::default() }).collect();
+        let pages = page_index(&rows);
+        assert_eq!(pages.len() as u64, 9001 / UNWIND_PAGE + 1);
+        for address in 0..=9001u32 {
+            let covering = starts.iter().rposition(|&pc| pc <= address).unwrap() as u32;
+            let page = pages[(address as u64 / UNWIND_PAGE) as usize];
+            assert!(page.first <= covering && covering < page.end, "address {address}: row {covering} not in {page:?}");
+            assert!(page.end as usize <= rows.len(), "address {address}: {page:?} runs past the table");
+        }
+    }
+}
