@@ -66,7 +66,7 @@ fn measure(profiler: Profiler, churn: &Path, child: &Path, out: &Path, seconds: 
     ensure!(status.success(), "the churn failed: {status}");
     let overhead = running.snapshot()?.overhead_since(&before, started.elapsed().as_secs_f64());
     running.stop()?;
-    Ok((stacks(profiler, COMM, out), overhead))
+    Ok((stacks(profiler, Some(COMM), out), overhead))
 }
 
 /// Whether a frame has a function name: not an address (bpftrace's `0x7f…`, Ember's

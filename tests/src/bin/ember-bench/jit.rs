@@ -82,7 +82,7 @@ fn measure(runtime: &Runtime, profiler: Profiler, perf_args: &[&str], window: Du
     // Stopped while the process still runs: bpftrace names frames when it prints.
     running.stop()?;
     fixture.stop();
-    let stacks = stacks(profiler, &comm, &dir);
+    let stacks = stacks(profiler, Some(&comm), &dir);
     let _ = fs::remove_dir_all(&dir);
     let count = |keep: &dyn Fn(&[String]) -> bool| stacks.iter().filter(|(f, _)| keep(f)).map(|(_, n)| n).sum::<u64>();
     let hot = |f: &[String]| f.iter().any(|n| n.contains("hot_a") || n.contains("hot_b"));

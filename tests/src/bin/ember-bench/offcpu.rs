@@ -4,7 +4,7 @@
 //! ping-pong is `phases pipe` built with frame pointers: every switch has a 100-deep user
 //! stack, which bpftrace's frame-pointer walk follows as far as Ember's table walk.
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::Command,
     time::Duration,
 };
@@ -12,7 +12,10 @@ use std::{
 use anyhow::{Context as _, Result};
 use ember_tests::nofp;
 
-use super::{opt, release_bin, Profiler};
+use super::{
+    oncpu::{stacks, Profiler as Stacks},
+    opt, release_bin, Profiler,
+};
 
 const WARM_UP: Duration = Duration::from_secs(3);
 
@@ -56,30 +59,42 @@ pub fn run(seconds: u64, deep: bool) -> Result<()> {
     let workload = if deep { "phases pipe (frame pointers, 100-deep stacks)" } else { "perf bench sched pipe" };
     println!("bench offcpu: {workload}, ~{seconds}s per run");
     let baseline = pipe_latency(&ping_pong, seconds)?;
-    let mut bpftrace = Command::new("bpftrace");
-    bpftrace.args(["-e", "tracepoint:sched:sched_switch { @[kstack, ustack] = count(); }"]).stdout(std::process::Stdio::null());
-    let mut ember = Command::new(release_bin("ember-agent"));
     let dir = std::env::temp_dir().join(format!("ember-bench-offcpu-{}", std::process::id()));
-    ember.args(["run", "--events", "offcpu", "--output-dir"]).arg(&dir);
-    let mut rows = vec![("no profiler", None, baseline)];
-    for (name, command) in [("bpftrace sched_switch", bpftrace), ("ember-agent offcpu", ember)] {
+    std::fs::create_dir_all(&dir)?;
+    let mut bpftrace = Command::new("bpftrace");
+    bpftrace.args(["-e", "tracepoint:sched:sched_switch { @[kstack, ustack] = count(); }"]);
+    bpftrace.stdout(std::fs::File::create(dir.join("bpftrace.out"))?);
+    let mut ember = Command::new(release_bin("ember-agent"));
+    ember.args(["run", "--events", "offcpu", "--output-dir"]).arg(dir.join("profiles"));
+    let mut rows = vec![("no profiler", None, baseline, None)];
+    for (name, kind, command) in [("bpftrace sched_switch", Stacks::Bpftrace, bpftrace), ("ember-agent offcpu", Stacks::Ember, ember)] {
         let profiler = Profiler::start(name, command)?;
         std::thread::sleep(WARM_UP);
         let before = profiler.snapshot()?;
         let latency = pipe_latency(&ping_pong, seconds)?;
         let after = profiler.snapshot()?;
         profiler.stop()?;
-        rows.push((name, after.bpf_ns_per_run_since(&before), latency));
+        rows.push((name, after.bpf_ns_per_run_since(&before), latency, frames_per_switch(kind, &dir)));
         println!("  {name}: done");
     }
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&built);
     println!();
     println!("Command: cargo xtask bench offcpu --seconds {seconds}{}", if deep { " --deep" } else { "" });
-    println!("| profiler | sched_switch program ns/run | pipe usecs/op | latency vs none |");
-    println!("|---|---|---|---|");
-    for (name, ns, latency) in rows {
-        println!("| {name} | {} | {latency:.2} | {:.2}x |", opt(ns, 0), latency / baseline);
+    println!("| profiler | sched_switch program ns/run | pipe usecs/op | latency vs none | frames per switch |");
+    println!("|---|---|---|---|---|");
+    for (name, ns, latency, frames) in rows {
+        println!("| {name} | {} | {latency:.2} | {:.2}x | {} |", opt(ns, 0), latency / baseline, opt(frames, 1));
     }
     Ok(())
+}
+
+/// Kernel and user frames per recorded switch, over every task's (the ping-pong's are
+/// nearly all of them): whether the profilers' stacks are equally deep. Ember's include its
+/// block-state frame; its first profile, the warm-up's, is left out.
+fn frames_per_switch(profiler: Stacks, dir: &Path) -> Option<f64> {
+    let stacks = stacks(profiler, None, dir);
+    let switches: u64 = stacks.iter().map(|(_, n)| n).sum();
+    let frames: u64 = stacks.iter().map(|(f, n)| f.len() as u64 * n).sum();
+    (switches > 0).then(|| frames as f64 / switches as f64)
 }

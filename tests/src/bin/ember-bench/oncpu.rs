@@ -332,7 +332,7 @@ fn measure(profiler: Profiler, setup: &Setup, hz: u64, window: Duration, baselin
         end_file_rss_mib: after.file_rss_mib,
         map_mib: after.map_mib(),
         throughput_ratio: throughput / baseline,
-        judged: workload.judge(&stacks(profiler, workload.comm(), &dir)),
+        judged: workload.judge(&stacks(profiler, Some(workload.comm()), &dir)),
     };
     let _ = fs::remove_dir_all(&dir);
     Ok(row)
@@ -348,9 +348,9 @@ pub(super) fn wait_for_profile(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The workload's stacks (function names, leaf first) with their counts, from each
-/// profiler's own output.
-pub(super) fn stacks(profiler: Profiler, comm: &str, dir: &Path) -> Vec<(Vec<String>, u64)> {
+/// The stacks of `comm` (all stacks if None), as function names leaf first, with their counts,
+/// from each profiler's own output.
+pub(super) fn stacks(profiler: Profiler, comm: Option<&str>, dir: &Path) -> Vec<(Vec<String>, u64)> {
     let mut stacks = Vec::new();
     // "main+0x12" and "main+18" are main.
     let bare = |frame: &str| frame.split('+').next().unwrap_or(frame).to_string();
@@ -361,7 +361,7 @@ pub(super) fn stacks(profiler: Profiler, comm: &str, dir: &Path) -> Vec<(Vec<Str
             files.sort();
             for path in files.iter().skip(1) {
                 let profile = Decoded::read(path);
-                for sample in profile.samples.iter().filter(|s| s.labels.get("comm").is_some_and(|c| c == comm)) {
+                for sample in profile.samples.iter().filter(|s| comm.is_none_or(|comm| s.labels.get("comm").is_some_and(|c| c == comm))) {
                     stacks.push((sample.frames.iter().map(|f| f.function.clone()).collect(), sample.values[0] as u64));
                 }
             }
@@ -369,13 +369,13 @@ pub(super) fn stacks(profiler: Profiler, comm: &str, dir: &Path) -> Vec<(Vec<Str
         Profiler::Perf => {
             // No samples where perf script fails: the judged column says so.
             let samples = perf_script(&dir.join("perf.data"), "comm").unwrap_or_default();
-            stacks.extend(samples.into_iter().filter(|(header, _)| header == comm).map(|(_, frames)| (frames, 1)));
+            stacks.extend(samples.into_iter().filter(|(header, _)| comm.is_none_or(|comm| header == comm)).map(|(_, frames)| (frames, 1)));
         }
         Profiler::Bpftrace => {
             let text = fs::read_to_string(dir.join("bpftrace.out")).unwrap_or_default();
             for block in text.split("@[").skip(1) {
                 let Some((key, n)) = block.rsplit_once("]: ") else { continue };
-                if key.trim_end().ends_with(comm) {
+                if comm.is_none_or(|comm| key.trim_end().ends_with(comm)) {
                     let frames = key.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with(',')).map(bare).collect();
                     stacks.push((frames, n.trim().parse().unwrap_or(0)));
                 }
