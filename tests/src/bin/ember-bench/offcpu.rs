@@ -4,7 +4,7 @@
 //! ping-pong is `phases pipe` built with frame pointers: every switch has a 100-deep user
 //! stack, which bpftrace's frame-pointer walk follows as far as Ember's table walk.
 use std::{
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::Command,
     time::Duration,
 };
@@ -13,7 +13,7 @@ use anyhow::{Context as _, Result};
 use ember_tests::nofp;
 
 use super::{
-    oncpu::{stacks, Profiler as Stacks},
+    oncpu::{mean_frames, stacks, Profiler as Stacks},
     opt, release_bin, Profiler,
 };
 
@@ -74,7 +74,11 @@ pub fn run(seconds: u64, deep: bool) -> Result<()> {
         let latency = pipe_latency(&ping_pong, seconds)?;
         let after = profiler.snapshot()?;
         profiler.stop()?;
-        rows.push((name, after.bpf_ns_per_run_since(&before), latency, frames_per_switch(kind, &dir)));
+        // Kernel and user frames per recorded switch, over every task's (the ping-pong's are
+        // nearly all of them): whether the stacks are equally deep. Ember's include its
+        // block-state frame; its first profile, the warm-up's, is left out.
+        let frames = mean_frames(&stacks(kind, None, &dir));
+        rows.push((name, after.bpf_ns_per_run_since(&before), latency, frames));
         println!("  {name}: done");
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -89,12 +93,3 @@ pub fn run(seconds: u64, deep: bool) -> Result<()> {
     Ok(())
 }
 
-/// Kernel and user frames per recorded switch, over every task's (the ping-pong's are
-/// nearly all of them): whether the profilers' stacks are equally deep. Ember's include its
-/// block-state frame; its first profile, the warm-up's, is left out.
-fn frames_per_switch(profiler: Stacks, dir: &Path) -> Option<f64> {
-    let stacks = stacks(profiler, None, dir);
-    let switches: u64 = stacks.iter().map(|(_, n)| n).sum();
-    let frames: u64 = stacks.iter().map(|(f, n)| f.len() as u64 * n).sum();
-    (switches > 0).then(|| frames as f64 / switches as f64)
-}

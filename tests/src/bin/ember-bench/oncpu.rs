@@ -108,10 +108,7 @@ impl Workload {
                 if a + b == 0 { "frames unnamed".into() } else { format!("{:.3}", a as f64 / (a + b) as f64) }
             }
             Workload::NoFramePointers(_) => format!("{:.3}", count(&|f| f.iter().any(|n| n == "main")) as f64 / all as f64),
-            Workload::Deep(_) => {
-                let frames: u64 = stacks.iter().map(|(f, n)| f.len() as u64 * n).sum();
-                format!("{:.1}", frames as f64 / all as f64)
-            }
+            Workload::Deep(_) => opt(mean_frames(stacks), 1),
         }
     }
 }
@@ -336,6 +333,13 @@ fn measure(profiler: Profiler, setup: &Setup, hz: u64, window: Duration, baselin
     };
     let _ = fs::remove_dir_all(&dir);
     Ok(row)
+}
+
+/// Frames per stack, weighted by the stacks' counts; None without stacks.
+pub(super) fn mean_frames(stacks: &[(Vec<String>, u64)]) -> Option<f64> {
+    let count: u64 = stacks.iter().map(|(_, n)| n).sum();
+    let frames: u64 = stacks.iter().map(|(f, n)| f.len() as u64 * n).sum();
+    (count > 0).then(|| frames as f64 / count as f64)
 }
 
 /// Waits until Ember has written a profile to `dir`.
