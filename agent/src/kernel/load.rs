@@ -11,7 +11,7 @@ use agent_common::{names, OffCpuStart, Rates, SampleKey, SampleValue, SocketOwne
 use anyhow::{Context as _, Result};
 use aya::{
     maps::{Array, HashMap as BpfHashMap, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap},
-    programs::{PerfEvent, TracePoint},
+    programs::{PerfEvent, ProgramError, ProgramInfo, TracePoint},
     util::{nr_cpus, online_cpus},
     Ebpf, EbpfLoader,
 };
@@ -140,6 +140,7 @@ impl Sampler {
         let perf = if settings.cpu {
             let prog: &mut PerfEvent = ebpf.program_mut(names::PROG_SAMPLE).context("program missing")?.try_into()?;
             prog.load().map_err(|e| anyhow::anyhow!("loading {}: {e}{}", names::PROG_SAMPLE, chain(&e)))?;
+            log_verified(names::PROG_SAMPLE, prog.info());
             let cpus = online_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))?;
             let mut perf = PerfSampling { event: settings.event, cpus, links: vec![] };
             perf.attach(prog, settings.frequency)?;
@@ -211,9 +212,19 @@ impl Sampler {
 fn attach_tracepoint(ebpf: &mut Ebpf, program: &str, category: &str, name: &str) -> Result<()> {
     let prog: &mut TracePoint = ebpf.program_mut(program).context("program missing")?.try_into()?;
     prog.load().map_err(|e| anyhow::anyhow!("loading {program}: {e}{}", chain(&e)))?;
+    log_verified(program, prog.info());
     prog.attach(category, name)
         .map_err(|e| anyhow::anyhow!("attaching to tracepoint {category}:{name}: {e}{}", chain(&e)))?;
     Ok(())
+}
+
+/// Logs how many instructions the verifier processed for a program, of the 1,000,000 it
+/// allows: the stack walker's programs come close, and a change that crosses the limit fails
+/// every load with "Argument list too long".
+fn log_verified(program: &str, info: Result<ProgramInfo, ProgramError>) {
+    if let Some(processed) = info.ok().and_then(|info| info.verified_instruction_count()) {
+        tracing::debug!(program, processed, "verified");
+    }
 }
 
 fn take(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
