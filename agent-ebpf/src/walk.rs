@@ -6,7 +6,7 @@
 use core::ffi::c_void;
 
 use agent_common::{
-    counter, row_kind, stack_status, unwind_stop, ExecMapping, ProcessMappings, SampleKey, UnwindRow, UserStack, MAX_MAPPINGS,
+    counter, row_kind, stack_status, unwind_stop, ExecMapping, ProcessMappings, SampleKey, UnwindRow, UserStack,
     MAX_USER_FRAMES, PageRows, UNWIND_PAGE,
 };
 use aya_ebpf::{
@@ -39,20 +39,31 @@ static PROCESS_MAPPINGS: HashMap<u32, ProcessMappings> = HashMap::with_max_entri
 /// The stack being walked on this CPU (too large for the BPF stack).
 #[map]
 static WALK: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
-/// A copy of the part of the user stack being walked: one read of user memory serves the
-/// frames it holds, instead of one read per frame.
+/// This CPU's walk memory besides the stack (see `Scratch`).
 #[map]
-static WINDOW: PerCpuArray<StackWindow> = PerCpuArray::with_max_entries(1, 0);
+static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
 /// Bytes of user stack copied at a time.
 const WINDOW_BYTES: u64 = 512;
 const WINDOW_WORDS: usize = (WINDOW_BYTES / 8) as usize;
 
+/// What a walk keeps in map memory rather than in `Walk`: the verifier follows the values of
+/// the walk's own fields from frame to frame, and a remembered row there made it explore
+/// past its limit. Values in map memory it does not follow.
 #[repr(C)]
-pub struct StackWindow {
-    /// One word more than the window: a pair read at its last word stays inside the value.
-    words: [u64; WINDOW_WORDS + 1],
+pub struct Scratch {
+    /// A copy of the part of the user stack being walked: one read of user memory serves
+    /// the frames it holds, instead of one read per frame. One word more than the window:
+    /// a pair read at its last word stays inside the value.
+    window: [u64; WINDOW_WORDS + 1],
+    /// The pc (less one for a return address) whose row was found last, and that row:
+    /// recursion returns to one address frame after frame, and skips the row search.
+    row_pc: u64,
+    row: UnwindRow,
 }
+
+/// `Scratch::row_pc` when no row is remembered: no frame's pc (a user pc is below 2^47).
+const NO_ROW: u64 = u64::MAX;
 
 /// Steps of the binary searches: enough for `MAX_MAPPINGS` and `MAX_TABLE_ROWS`. (A page
 /// has far fewer rows, but the verifier gives up on the row search with fewer steps: the
@@ -70,7 +81,7 @@ struct Walk {
     /// The last mapping found (empty at first).
     mapping: ExecMapping,
     stack: *mut UserStack,
-    window: *mut StackWindow,
+    scratch: *mut Scratch,
     /// User addresses the window holds (empty at first).
     window_start: u64,
     window_end: u64,
@@ -114,7 +125,7 @@ pub fn walk(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> Result<Walked
         Some(regs) => (regs.rip, regs.rsp, regs.rbp),
         None => task_user_regs().ok_or(stack_status::NONE)?,
     };
-    let (Some(stack), Some(window)) = (WALK.get_ptr_mut(0), WINDOW.get_ptr_mut(0)) else { return Err(stack_status::ERROR) };
+    let (Some(stack), Some(scratch)) = (WALK.get_ptr_mut(0), SCRATCH.get_ptr_mut(0)) else { return Err(stack_status::ERROR) };
     let mappings = match unsafe { PROCESS_MAPPINGS.get(&tgid) } {
         Some(mappings) => *mappings,
         None => {
@@ -125,6 +136,7 @@ pub fn walk(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> Result<Walked
     unsafe {
         (*stack).len = 0;
         (*stack).stop = unwind_stop::DEPTH;
+        (*scratch).row_pc = NO_ROW;
     }
     let mut walk = Walk {
         pc,
@@ -133,7 +145,7 @@ pub fn walk(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> Result<Walked
         mappings,
         mapping: ExecMapping::default(),
         stack,
-        window,
+        scratch,
         window_start: 0,
         window_end: 0,
         hash: 0xcbf2_9ce4_8422_2325,
@@ -269,41 +281,23 @@ fn caller(walk: &mut Walk, pc: u64) -> Result<(u64, u64, u64), u32> {
 fn read_pair(walk: &mut Walk, at: u64) -> Result<[u64; 2], u32> {
     let held = |walk: &Walk| at & 7 == 0 && walk.window_start <= at && at + 16 <= walk.window_end;
     if at & 7 == 0 && !held(walk) {
-        let copied = unsafe { bpf_probe_read_user_raw(walk.window as *mut c_void, WINDOW_BYTES as u32, at as *const c_void) };
+        let copied = unsafe { bpf_probe_read_user_raw((*walk.scratch).window.as_mut_ptr() as *mut c_void, WINDOW_BYTES as u32, at as *const c_void) };
         (walk.window_start, walk.window_end) = if copied == 0 { (at, at + WINDOW_BYTES) } else { (0, 0) };
     }
     if held(walk) {
         let index = ((at - walk.window_start) / 8) as usize & (WINDOW_WORDS - 1);
-        let words = unsafe { &(*walk.window).words };
+        let words = unsafe { &(*walk.scratch).window };
         return Ok([*words.get(index).ok_or(unwind_stop::READ_FAULT)?, *words.get(index + 1).ok_or(unwind_stop::READ_FAULT)?]);
     }
     unsafe { bpf_probe_read_user(at as *const [u64; 2]) }.map_err(|_| unwind_stop::READ_FAULT)
 }
 
 /// The caller's CFA, and where the caller's rbp is saved (None: rbp is unchanged), from the
-/// row that covers `pc` or from the frame pointer.
+/// row that covers `pc`.
 #[inline(always)]
 fn caller_frame(walk: &mut Walk, pc: u64) -> Result<(u64, Option<u64>), u32> {
-    // Neighbouring frames are often in one file: try the last frame's mapping first.
-    if !walk.mapping.covers(pc) {
-        if let Some(mapping) = find_mapping(&walk.mappings, pc) {
-            walk.mapping = mapping;
-        }
-    }
-    let mapping = walk.mapping;
-    if !mapping.covers(pc) || mapping.rows == 0 {
-        // No table (JIT code, a binary left out of the budget, a process not loaded yet):
-        // the frame pointer, where a zero rbp marks the outermost frame.
-        if walk.bp == 0 {
-            return Err(unwind_stop::END);
-        }
-        return Ok((walk.bp + 16, Some(walk.bp)));
-    }
-    let relative = pc.wrapping_sub(mapping.bias);
-    if relative > u32::MAX as u64 {
-        return Err(unwind_stop::NO_INFO);
-    }
-    let row = find_row(&mapping, relative as u32).ok_or(unwind_stop::NO_INFO)?;
+    let scratch = unsafe { &*walk.scratch };
+    let row = if pc == scratch.row_pc { scratch.row } else { table_row(walk, pc)? };
     let cfa = match row.kind {
         row_kind::CFA_RSP => walk.sp + row.cfa_offset as u64,
         row_kind::CFA_RBP => walk.bp + row.cfa_offset as u64,
@@ -318,10 +312,38 @@ fn caller_frame(walk: &mut Walk, pc: u64) -> Result<(u64, Option<u64>), u32> {
     Ok((cfa, saved_bp))
 }
 
+/// The frame-pointer rule as a row: CFA = rbp + 16, the caller's rbp saved at rbp.
+const FRAME_POINTER: UnwindRow = UnwindRow { pc: 0, cfa_offset: 16, kind: row_kind::CFA_RBP, rbp_offset: -2 };
+
+/// The row that covers `pc`, from its mapping's table (remembered for the next frame), or
+/// the frame-pointer rule where the code has no table.
+#[inline(always)]
+fn table_row(walk: &mut Walk, pc: u64) -> Result<UnwindRow, u32> {
+    // Neighbouring frames are often in one file: try the last frame's mapping first.
+    if !walk.mapping.covers(pc) {
+        if let Some(mapping) = find_mapping(&walk.mappings, pc) {
+            walk.mapping = mapping;
+        }
+    }
+    let mapping = walk.mapping;
+    if !mapping.covers(pc) || mapping.rows == 0 {
+        // No table (JIT code, a binary left out of the budget, a process not loaded yet):
+        // a zero rbp marks the outermost frame.
+        return if walk.bp == 0 { Err(unwind_stop::END) } else { Ok(FRAME_POINTER) };
+    }
+    let relative = pc.wrapping_sub(mapping.bias);
+    if relative > u32::MAX as u64 {
+        return Err(unwind_stop::NO_INFO);
+    }
+    let row = find_row(&mapping, relative as u32).ok_or(unwind_stop::NO_INFO)?;
+    unsafe { ((*walk.scratch).row_pc, (*walk.scratch).row) = (pc, row) };
+    Ok(row)
+}
+
 /// The process's mapping that contains `pc`.
 #[inline(always)]
 fn find_mapping(mappings: &ProcessMappings, pc: u64) -> Option<ExecMapping> {
-    let last = search(mappings.count.min(MAX_MAPPINGS), MAPPING_STEPS, |i| {
+    let last = search(mappings.count, MAPPING_STEPS, |i| {
         Some(MAPPINGS.get(mappings.first + i)?.start)
     }, pc)?;
     let mapping = *MAPPINGS.get(mappings.first + last)?;
@@ -351,15 +373,17 @@ fn find_row(mapping: &ExecMapping, pc: u32) -> Option<UnwindRow> {
 fn search(len: u32, steps: u32, key: impl Fn(u32) -> Option<u64>, target: u64) -> Option<u32> {
     // 64-bit locals: 32-bit ones cost two shifts each time they are widened.
     let (mut base, mut left) = (0u64, len as u64);
-    for _ in 0..steps {
+    for _ in 0..core::hint::black_box(steps) {
         if left <= 1 {
             break;
         }
         let half = left / 2;
         // 1 when the key is after the target, else 0 (keys and target are below 2^63).
-        // black_box hides that it is 0 or 1, which the compiler would turn back into a
-        // branch (and did, after unrelated changes to the walker).
-        let after = core::hint::black_box(target.wrapping_sub(key((base + half) as u32)?) >> 63);
+        // black_box hides both the difference's range and that the result is 0 or 1: from
+        // either the compiler would make a comparison of it, which in BPF is a branch (it
+        // did, after unrelated changes to the walker).
+        use core::hint::black_box;
+        let after = black_box(black_box(target.wrapping_sub(key((base + half) as u32)?)) >> 63);
         base += half & after.wrapping_sub(1);
         left -= half;
     }
