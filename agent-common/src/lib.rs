@@ -228,7 +228,7 @@ pub mod row_kind {
     pub const UNSUPPORTED: u8 = 6;
 }
 
-/// Rows one table may have: the walker's binary search takes at most log2 of this steps.
+/// Rows one table may have (64 MiB of rows): a binary with more is walked by frame pointers.
 pub const MAX_TABLE_ROWS: u32 = 1 << 23;
 
 /// An executable mapping of a process, as the walker sees it.

@@ -6,7 +6,7 @@
 use core::ffi::c_void;
 
 use agent_common::{
-    counter, row_kind, stack_status, unwind_stop, ExecMapping, ProcessMappings, SampleKey, UnwindRow, UserStack,
+    counter, row_kind, stack_status, unwind_stop, ExecMapping, ProcessMappings, SampleKey, UnwindRow, UserStack, MAX_MAPPINGS,
     MAX_USER_FRAMES, PageRows, UNWIND_PAGE,
 };
 use aya_ebpf::{
@@ -65,11 +65,12 @@ pub struct Scratch {
 /// `Scratch::row_pc` when no row is remembered: no frame's pc (a user pc is below 2^47).
 const NO_ROW: u64 = u64::MAX;
 
-/// Steps of the binary searches: enough for `MAX_MAPPINGS` and `MAX_TABLE_ROWS`. (A page
-/// has far fewer rows, but the verifier gives up on the row search with fewer steps: the
-/// compiler then unrolls it.)
+/// Steps of the binary searches: enough for a process's mappings, and for the most rows a
+/// page can have (one per byte of code, and the one that covers its first byte). The
+/// verifier follows every step, so more than needed only costs it.
 const MAPPING_STEPS: u32 = 11;
-const ROW_STEPS: u32 = 24;
+const ROW_STEPS: u32 = 10;
+const _: () = assert!(1 << MAPPING_STEPS >= MAX_MAPPINGS && 1 << ROW_STEPS > UNWIND_PAGE);
 
 /// The walk's state between frames; `step` advances it by one frame.
 struct Walk {
