@@ -6,6 +6,8 @@
 //! `process_exit` (forgets exited threads and processes).
 #![no_std]
 #![no_main]
+// Inline assembly, for two instructions the compiler must not rewrite (`walk::search`).
+#![feature(asm_experimental_arch)]
 
 mod walk;
 

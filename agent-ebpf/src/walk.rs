@@ -366,6 +366,24 @@ fn find_row(mapping: &ExecMapping, pc: u32) -> Option<UnwindRow> {
     (row.pc <= pc).then_some(row)
 }
 
+/// `value`, which the compiler can no longer see: a loop bound it cannot unroll (the
+/// verifier gives up on the unrolled searches). No instruction: the verifier still knows it.
+#[inline(always)]
+fn opaque(mut value: u64) -> u64 {
+    unsafe { core::arch::asm!("/* {0} */", inout(reg) value, options(pure, nomem, nostack)) };
+    value
+}
+
+/// The sign bit of `a - b`, in assembly: from a shift of a difference whose range it knows,
+/// the compiler makes a comparison, which in BPF is a branch, and the verifier would follow
+/// both ways at every search step (2^steps paths in all, which it refuses).
+#[inline(always)]
+fn sign_bit(a: u64, b: u64) -> u64 {
+    let mut d = a;
+    unsafe { core::arch::asm!("{d} -= {b}", "{d} >>= 63", d = inout(reg) d, b = in(reg) b, options(pure, nomem, nostack)) };
+    d
+}
+
 /// Binary search of `len` sorted keys (`key(i)`, below 2^63) for the last one at or before
 /// `target`; its index (if any key is at or before it, which the caller checks). The step
 /// is computed, not branched on: the verifier then follows one path per step, not two per
@@ -374,17 +392,13 @@ fn find_row(mapping: &ExecMapping, pc: u32) -> Option<UnwindRow> {
 fn search(len: u32, steps: u32, key: impl Fn(u32) -> Option<u64>, target: u64) -> Option<u32> {
     // 64-bit locals: 32-bit ones cost two shifts each time they are widened.
     let (mut base, mut left) = (0u64, len as u64);
-    for _ in 0..core::hint::black_box(steps) {
+    for _ in 0..opaque(steps as u64) {
         if left <= 1 {
             break;
         }
         let half = left / 2;
         // 1 when the key is after the target, else 0 (keys and target are below 2^63).
-        // black_box hides both the difference's range and that the result is 0 or 1: from
-        // either the compiler would make a comparison of it, which in BPF is a branch (it
-        // did, after unrelated changes to the walker).
-        use core::hint::black_box;
-        let after = black_box(black_box(target.wrapping_sub(key((base + half) as u32)?)) >> 63);
+        let after = sign_bit(target, key((base + half) as u32)?);
         base += half & after.wrapping_sub(1);
         left -= half;
     }
