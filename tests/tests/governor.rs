@@ -12,7 +12,7 @@ use ember_tests::{
 };
 
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
-const BUDGET: f64 = 0.01;
+const BUDGET: f64 = 0.02;
 const SECONDS: f64 = 24.0;
 /// Two intervals (2 s) of warm-up, then a few for the governor to bring the cost under the
 /// budget.
@@ -31,13 +31,15 @@ fn a_tiny_cpu_budget_holds_on_a_switch_heavy_host_and_totals_stay_true() {
     let _stats = BpfStatsEnabled::enable().expect("enabling kernel.bpf_stats_enabled");
     let dir = TempDir::new("governor");
     let out = dir.path("profiles");
-    // 200 us busy per turn: some 9,000 context switches a second. Unchecked, off-CPU tracking
-    // costs twice the budget; at the lowest rates, some 0.45% (the program still runs at
-    // every switch, at 450 ns with the kernel's accounting on). At 100 us that floor is 0.8%,
-    // too near the budget for this VM's noise.
+    // 200 us busy per turn: some 9,000 context switches a second. Unchecked, profiling costs
+    // about 1.5 times the budget (programs 2.6%, agent 0.2-0.7%); at the lowest rates the
+    // programs still cost some 0.45% (they run at every switch, at 450 ns with the kernel's
+    // accounting on). With a 1% budget, the governor's room (70% of it) less that floor and
+    // the agent's own CPU was often nothing: it sat at the lowest rates, where a few recorded
+    // blocks stand for a thread's whole time, and the totals below were chance.
     let mut fixture = Fixture::spawn_with(std::process::Command::new(FIXTURE), "pingpong", SECONDS, &["200"]);
     let pid = fixture.pid();
-    let args = ["run", "--events", "cpu,offcpu", "-F", "999", "--interval", "2s", "--cpu-budget", "1%"];
+    let args = ["run", "--events", "cpu,offcpu", "-F", "999", "--interval", "2s", "--cpu-budget", "2%"];
     let mut agent = Agent::spawn(&[&args[..], &["--output-dir", out.to_str().unwrap()]].concat());
     agent.wait_ready();
     fixture.start();
@@ -67,7 +69,7 @@ fn a_tiny_cpu_budget_holds_on_a_switch_heavy_host_and_totals_stay_true() {
     // The workload is dear to profile unchecked: the governor had to lower the rates.
     let ratios: Vec<u32> = wall.iter().filter_map(|p| p.comment_field("ember.off_cpu_ratio")?.parse().ok()).collect();
     assert!(ratios.iter().any(|&r| r > 1), "the off-CPU ratio never came down: {ratios:?}\n{stderr}");
-    assert!(wall.iter().all(|p| p.comment_field("ember.cpu_budget") == Some("0.0100")), "profiles do not carry the budget");
+    assert!(wall.iter().all(|p| p.comment_field("ember.cpu_budget") == Some("0.0200")), "profiles do not carry the budget");
 
     // Every sample counts for what it stands for: each thread's on- and off-CPU time adds
     // up to its wall time, and its on-CPU share is the CPU time it used.
