@@ -410,7 +410,8 @@ pub mod names {
     pub const MAPPINGS: &str = "MAPPINGS";
     /// Per process (tgid): where its mappings are in `MAPPINGS`.
     pub const PROCESS_MAPPINGS: &str = "PROCESS_MAPPINGS";
-    pub const COUNTERS: [&str; 2] = ["COUNTERS_A", "COUNTERS_B"];
+    /// Both sets' counters: set A's `counter::COUNT`, then set B's.
+    pub const COUNTERS: &str = "COUNTERS";
     /// One-element array: the interval's generation; the programs write to set
     /// `generation & 1`.
     pub const ACTIVE_SET: &str = "ACTIVE_SET";

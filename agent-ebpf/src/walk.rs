@@ -10,7 +10,7 @@ use agent_common::{
     MAX_USER_FRAMES, PageRows, UNWIND_PAGE,
 };
 use aya_ebpf::{
-    bindings::{pt_regs, BPF_F_MMAPABLE, BPF_NOEXIST},
+    bindings::{pt_regs, BPF_F_MMAPABLE},
     helpers::{
         bpf_probe_read_user,
         generated::{bpf_get_current_task_btf, bpf_loop, bpf_probe_read_user as bpf_probe_read_user_raw, bpf_task_pt_regs},
@@ -130,7 +130,7 @@ pub fn walk(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> Result<Walked
     let mappings = match unsafe { PROCESS_MAPPINGS.get(&tgid) } {
         Some(mappings) => *mappings,
         None => {
-            bump(set.counters, counter::UNWIND_NO_PROCESS);
+            bump(set, counter::UNWIND_NO_PROCESS);
             ProcessMappings::default()
         }
     };
@@ -156,7 +156,7 @@ pub fn walk(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> Result<Walked
         bpf_loop(MAX_USER_FRAMES as u32, step as *mut c_void, &mut walk as *mut Walk as *mut c_void, 0)
     };
     if walked < 0 {
-        bump(set.counters, counter::USER_STACK_ERROR);
+        bump(set, counter::USER_STACK_ERROR);
         return Err(stack_status::ERROR);
     }
     // Checked once here, not per frame: one more branch in the loop was too many paths for
@@ -165,7 +165,7 @@ pub fn walk(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> Result<Walked
         announce_unmapped(tgid, walk.pc, set);
     }
     let stack = unsafe { &mut *stack };
-    bump(set.counters, counter::UNWIND_STOPS + stack.stop.min(unwind_stop::COUNT - 1));
+    bump(set, counter::UNWIND_STOPS + stack.stop.min(unwind_stop::COUNT - 1));
     let hash = mix(walk.hash, ((stack.stop as u64) << 32) | stack.len as u64);
     stack.check = mix(walk.check, hash);
     Ok(Walked { id: ((hash ^ (hash >> 32)) & 0x7fff_ffff) as u32, check: stack.check })
@@ -191,14 +191,14 @@ pub fn store(set: &BufferSet, walked: Walked, key: &mut SampleKey) {
     let stack = unsafe { &*stack };
     let id = walked.id;
     let same = |existing: *const UserStack| unsafe { (*existing).check == stack.check && (*existing).len == stack.len };
-    let status = if let Some(existing) = set.user_stacks.get_ptr(&id) {
+    let status = if let Some(existing) = set.user_stack(id) {
         if same(existing) {
             return walked.name_in(key);
         }
         stack_status::COLLISION
-    } else if set.user_stacks.insert(&id, stack, BPF_NOEXIST as u64).is_ok() {
+    } else if set.insert_user_stack(id, stack).is_ok() {
         return walked.name_in(key);
-    } else if let Some(existing) = set.user_stacks.get_ptr(&id) {
+    } else if let Some(existing) = set.user_stack(id) {
         // Another CPU stored a stack under this id first: the same one, or a collision.
         if same(existing) {
             return walked.name_in(key);
@@ -207,7 +207,7 @@ pub fn store(set: &BufferSet, walked: Walked, key: &mut SampleKey) {
     } else {
         stack_status::ERROR // the map is full
     };
-    bump(set.counters, if status == stack_status::COLLISION { counter::USER_STACK_COLLISION } else { counter::USER_STACK_ERROR });
+    bump(set, if status == stack_status::COLLISION { counter::USER_STACK_COLLISION } else { counter::USER_STACK_ERROR });
     key.user_stack_id = status;
     key.user_stack_check = 0;
 }
@@ -330,7 +330,16 @@ fn table_row(walk: &mut Walk, pc: u64) -> Result<UnwindRow, u32> {
     if !mapping.covers(pc) || mapping.rows == 0 {
         // No table (JIT code, a binary left out of the budget, a process not loaded yet):
         // a zero rbp marks the outermost frame.
-        return if walk.bp == 0 { Err(unwind_stop::END) } else { Ok(FRAME_POINTER) };
+        if walk.bp == 0 {
+            return Err(unwind_stop::END);
+        }
+        // Through map memory, not remembered (a recursion's last frame must still see its
+        // zero rbp). A constant row would be followed by the verifier as a path of its own
+        // (a third more instructions to verify); one loaded from a map joins the others.
+        return Ok(unsafe {
+            ((*walk.scratch).row_pc, (*walk.scratch).row) = (NO_ROW, FRAME_POINTER);
+            core::ptr::read_volatile(&(*walk.scratch).row)
+        });
     }
     let relative = pc.wrapping_sub(mapping.bias);
     if relative > u32::MAX as u64 {

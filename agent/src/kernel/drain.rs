@@ -88,12 +88,12 @@ impl Sampler {
         }
         interval.stacks.extend(stacks.iter().map(|((user, id), stack)| ((*user, idle as u8, *id), stack.clone())));
         self.last_stacks[idle as usize] = stacks;
-        let set = &mut self.sets[idle as usize];
         for index in 0..counter::COUNT {
             let zero = PerCpuValues::try_from(vec![0u64; self.nr_cpus])?;
-            let values = set.counters.get(&index, 0).context("reading counters")?;
+            let slot = idle * counter::COUNT + index;
+            let values = self.counters.get(&slot, 0).context("reading counters")?;
             interval.counters.0[index as usize] = values.iter().sum();
-            set.counters.set(index, zero, 0).context("clearing counters")?;
+            self.counters.set(slot, zero, 0).context("clearing counters")?;
         }
         Ok(interval)
     }

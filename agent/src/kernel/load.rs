@@ -37,7 +37,6 @@ pub(super) struct BufferSet {
     pub(super) counts: PerCpuHashMap<MapData, SampleKey, SampleValue>,
     pub(super) stacks: StackTraceMap<MapData>,
     pub(super) user_stacks: BpfHashMap<MapData, u32, UserStack>,
-    pub(super) counters: PerCpuArray<MapData, u64>,
 }
 
 pub struct Sampler {
@@ -49,6 +48,8 @@ pub struct Sampler {
     pub(super) rates_map: Array<MapData, Rates>,
     pub(super) barrier: ProgramBarrier,
     pub(super) sets: [BufferSet; 2],
+    /// Both sets' counters (`names::COUNTERS`).
+    pub(super) counters: PerCpuArray<MapData, u64>,
     pub(super) active: Array<MapData, u32>,
     /// Interval number; the programs write to set `generation & 1`.
     pub(super) generation: u32,
@@ -154,11 +155,11 @@ impl Sampler {
                 counts: PerCpuHashMap::try_from(take(&mut ebpf, names::COUNTS[i])?)?,
                 stacks: StackTraceMap::try_from(take(&mut ebpf, names::STACKS[i])?)?,
                 user_stacks: BpfHashMap::try_from(take(&mut ebpf, names::USER_STACKS[i])?)?,
-                counters: PerCpuArray::try_from(take(&mut ebpf, names::COUNTERS[i])?)?,
             })
         });
         let [a, b] = sets;
         let sets = [a?, b?];
+        let counters = PerCpuArray::try_from(take(&mut ebpf, names::COUNTERS)?)?;
         let active = Array::try_from(take(&mut ebpf, names::ACTIVE_SET)?)?;
         let process_events = RingBuf::try_from(take(&mut ebpf, names::PROCESS_EVENTS)?)?;
         let nr_cpus = nr_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))?;
@@ -186,6 +187,7 @@ impl Sampler {
             rates_map,
             barrier,
             sets,
+            counters,
             active,
             generation: 0,
             active_index: 0,
