@@ -214,12 +214,15 @@ pub fn run(seconds: u64, frequencies: &[u64], no_frame_pointers: bool, deep: boo
     drop(beside);
     println!("  no profiler: {baseline:.1} rounds/s");
     let mut rows = Vec::new();
+    let mut together = Vec::new();
     for &hz in frequencies {
         for profiler in [Profiler::Perf, Profiler::Bpftrace, Profiler::Ember] {
             let row = measure(profiler, &workload, hz, window, baseline)?;
             println!("  {:<23} {hz:>4} Hz: done", row.profiler);
             rows.push(row);
         }
+        together.push((hz, measure_together(&workload, hz, window)?));
+        println!("  bpftrace and ember-agent at once {hz:>4} Hz: done");
     }
     let _ = fs::remove_dir_all(&built);
     println!();
@@ -249,7 +252,40 @@ pub fn run(seconds: u64, frequencies: &[u64], no_frame_pointers: bool, deep: boo
             r.judged
         );
     }
+    println!();
+    println!("At once: bpftrace and ember-agent attached together, BPF ns/sample over one window (the host's speed moves both alike)");
+    println!("| Hz | bpftrace profile | ember-agent | ember-agent / bpftrace |");
+    println!("|---|---|---|---|");
+    for (hz, (bpftrace, ember)) in together {
+        println!("| {hz} | {bpftrace:.0} | {ember:.0} | {:.2}x |", ember / bpftrace);
+    }
     Ok(())
+}
+
+/// BPF ns/sample of bpftrace and of Ember attached at once and measured over one window. Run
+/// one after the other, each profiler's figure moves with the host's speed in its own minutes
+/// (on this VM, by a third between runs a few minutes apart), and their ratio with both.
+fn measure_together(setup: &Setup, hz: u64, window: Duration) -> Result<(f64, f64)> {
+    let workload = &setup.workload;
+    let dir = std::env::temp_dir().join(format!("ember-bench-together-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir)?;
+    let beside = setup.start_beside(window)?;
+    let command = |profiler: Profiler| profiler.command(hz, Scope::Host, workload.perf_call_graph(), INTERVAL, &dir);
+    let profilers = [Profiler::Bpftrace, Profiler::Ember].map(|p| command(p).and_then(|c| Running::start(p.name(workload), c)));
+    let [bpftrace, ember] = profilers;
+    let profilers = [bpftrace?, ember?];
+    warm_up(setup, &dir, true)?;
+    let before = [profilers[0].snapshot()?, profilers[1].snapshot()?];
+    run_workload(setup, window)?;
+    let after = [profilers[0].snapshot()?, profilers[1].snapshot()?];
+    let [bpftrace, ember] = profilers;
+    bpftrace.stop()?;
+    ember.stop()?;
+    drop(beside);
+    let _ = fs::remove_dir_all(&dir);
+    let ns = |i: usize| after[i].bpf_ns_per_run_since(&before[i]).context("no BPF runs in the window");
+    Ok((ns(0)?, ns(1)?))
 }
 
 /// The workers' workload, and a binary that runs beside them (not counted in throughput).
@@ -304,13 +340,7 @@ fn measure(profiler: Profiler, setup: &Setup, hz: u64, window: Duration, baselin
     let command = profiler.command(hz, Scope::Host, workload.perf_call_graph(), INTERVAL, &dir)?;
     let beside = setup.start_beside(window)?;
     let profiler_process = Running::start(profiler.name(workload), command)?;
-    let started = std::time::Instant::now();
-    run_workload(setup, PRIMING)?;
-    std::thread::sleep(WARM_UP.saturating_sub(started.elapsed()));
-    if profiler == Profiler::Ember {
-        wait_for_profile(&dir.join("profiles"))?;
-        std::thread::sleep(INTERVAL / 2);
-    }
+    warm_up(setup, &dir, profiler == Profiler::Ember)?;
     let before = profiler_process.snapshot()?;
     let started = std::time::Instant::now();
     let throughput = run_workload(setup, window)?;
@@ -333,6 +363,18 @@ fn measure(profiler: Profiler, setup: &Setup, hz: u64, window: Duration, baselin
     };
     let _ = fs::remove_dir_all(&dir);
     Ok(row)
+}
+
+/// The warm-up before a window (see `WARM_UP`), with Ember's first profile if it runs.
+fn warm_up(setup: &Setup, dir: &Path, ember: bool) -> Result<()> {
+    let started = std::time::Instant::now();
+    run_workload(setup, PRIMING)?;
+    std::thread::sleep(WARM_UP.saturating_sub(started.elapsed()));
+    if ember {
+        wait_for_profile(&dir.join("profiles"))?;
+        std::thread::sleep(INTERVAL / 2);
+    }
+    Ok(())
 }
 
 /// Frames per stack, weighted by the stacks' counts; None without stacks.
