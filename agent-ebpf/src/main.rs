@@ -121,6 +121,8 @@ fn rates() -> Rates {
 struct BufferSet {
     generation: u32,
     index: u8,
+    /// Only ever an argument of `bpf_get_stackid`, which takes the map itself: no lookup
+    /// call to resolve (see `impl BufferSet`).
     stacks: &'static StackTrace,
     /// This set's first counter in COUNTERS.
     first_counter: u32,

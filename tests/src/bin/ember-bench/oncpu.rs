@@ -14,7 +14,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use ember_tests::{bigdebug, nofp, perf_script, Decoded};
 
-use super::{opt, release_bin, Profiler as Running};
+use super::{opt, release_bin, Profiler as Running, Snapshot};
 
 /// Before measuring, each profiler attaches (bpftrace compiles its script), sees the workload
 /// binaries once (a short priming run), and Ember completes its first 10 s interval, whose
@@ -271,21 +271,20 @@ fn measure_together(setup: &Setup, hz: u64, window: Duration) -> Result<(f64, f6
     let _ = fs::remove_dir_all(&dir);
     fs::create_dir_all(&dir)?;
     let beside = setup.start_beside(window)?;
-    let command = |profiler: Profiler| profiler.command(hz, Scope::Host, workload.perf_call_graph(), INTERVAL, &dir);
-    let profilers = [Profiler::Bpftrace, Profiler::Ember].map(|p| command(p).and_then(|c| Running::start(p.name(workload), c)));
-    let [bpftrace, ember] = profilers;
-    let profilers = [bpftrace?, ember?];
+    let start = |profiler: Profiler| -> Result<Running> {
+        Running::start(profiler.name(workload), profiler.command(hz, Scope::Host, workload.perf_call_graph(), INTERVAL, &dir)?)
+    };
+    let (bpftrace, ember) = (start(Profiler::Bpftrace)?, start(Profiler::Ember)?);
     warm_up(setup, &dir, true)?;
-    let before = [profilers[0].snapshot()?, profilers[1].snapshot()?];
+    let before = (bpftrace.snapshot()?, ember.snapshot()?);
     run_workload(setup, window)?;
-    let after = [profilers[0].snapshot()?, profilers[1].snapshot()?];
-    let [bpftrace, ember] = profilers;
+    let after = (bpftrace.snapshot()?, ember.snapshot()?);
     bpftrace.stop()?;
     ember.stop()?;
     drop(beside);
     let _ = fs::remove_dir_all(&dir);
-    let ns = |i: usize| after[i].bpf_ns_per_run_since(&before[i]).context("no BPF runs in the window");
-    Ok((ns(0)?, ns(1)?))
+    let ns = |after: Snapshot, before: Snapshot| after.bpf_ns_per_run_since(&before).context("no BPF runs in the window");
+    Ok((ns(after.0, before.0)?, ns(after.1, before.1)?))
 }
 
 /// The workers' workload, and a binary that runs beside them (not counted in throughput).
