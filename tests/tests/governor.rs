@@ -78,6 +78,7 @@ fn a_tiny_cpu_budget_holds_on_a_switch_heavy_host_and_totals_stay_true() {
         let samples: Vec<_> = wall.iter().flat_map(|p| p.samples_labelled("tid", &tid)).collect();
         let on_cpu: Vec<_> = samples.iter().copied().filter(|s| s.labels.get("state").is_some_and(|v| v == "on-cpu")).collect();
         let (all_ns, on_ns) = (Decoded::sum(&samples, 0) as f64, Decoded::sum(&on_cpu, 0) as f64);
+        println!("thread {tid}: profiles {:.2} s ({:.2} s on-CPU), wall {:.2} s, CPU {:.2} s", all_ns / 1e9, on_ns / 1e9, wall_ns / 1e9, thread_cpu_ns / 1e9);
         let error = (all_ns - wall_ns).abs() / wall_ns;
         assert!(error <= 0.1, "thread {tid}: profiles add up to {:.2} s, its wall time is {:.2} s", all_ns / 1e9, wall_ns / 1e9);
         let (share, truth) = (on_ns / all_ns, thread_cpu_ns / wall_ns);
