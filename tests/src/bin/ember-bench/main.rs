@@ -142,6 +142,17 @@ impl Profiler {
     }
 }
 
+/// A profiler left running by a measurement that failed before stopping it must not outlive
+/// the bench (nor keep its programs attached).
+impl Drop for Profiler {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 impl Snapshot {
     /// Average run time of the process's BPF programs between two snapshots.
     pub fn bpf_ns_per_run_since(&self, before: &Snapshot) -> Option<f64> {
