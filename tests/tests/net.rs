@@ -21,19 +21,30 @@ fn payload(samples: &[&ember_tests::Sample], headers: i64) -> i64 {
 
 fn assert_close(what: &str, measured: i64, truth: u64) {
     let error = (measured as f64 - truth as f64).abs() / truth as f64;
-    assert!(error <= 0.02, "{what}: {measured} bytes of payload, truth {truth}");
+    assert!(error <= 0.02, "{what}: {measured} bytes of payload, truth {truth} ({} retransmitted)", truth.saturating_sub(BYTES));
 }
 
-/// Records a transfer of BYTES from `sender` to `receiver` and returns (tx, rx) profiles.
-fn transfer(dir: &TempDir, receiver: Fixture, sender: Fixture) -> (Decoded, Decoded, u32) {
+/// A finished transfer: its profiles, the sender's pid, and the payload bytes the sender
+/// transmitted (BYTES and any retransmissions), which every device on the path carried.
+struct Transfer {
+    tx: Decoded,
+    rx: Decoded,
+    sender_pid: u32,
+    transmitted: u64,
+}
+
+/// Records a transfer of BYTES from `sender` to `receiver`.
+fn transfer(dir: &TempDir, receiver: Fixture, sender: Fixture) -> Transfer {
     let sender_pid = sender.pid();
     let args = ["--events", "net", "--net-events", "net:net_dev_queue,net:netif_receive_skb"];
     let (out, runs) = record_fixtures(dir, vec![receiver, sender], 3.0, &args);
     assert_eq!(runs[0].lines[0][0], BYTES, "the receiver got every byte");
-    (Decoded::read(&kind_path(&out, "net-tx")), Decoded::read(&kind_path(&out, "net-rx")), sender_pid)
+    let (tx, rx) = (Decoded::read(&kind_path(&out, "net-tx")), Decoded::read(&kind_path(&out, "net-rx")));
+    Transfer { tx, rx, sender_pid, transmitted: runs[1].lines[0][2] }
 }
 
-fn check_transfer(tx: &Decoded, rx: &Decoded, sender_pid: u32, tx_device: &str, rx_device: &str) {
+fn check_transfer(transfer: &Transfer, tx_device: &str, rx_device: &str) {
+    let Transfer { tx, rx, sender_pid, transmitted } = transfer;
     let sent: Vec<_> = tx
         .samples_labelled("pid", &sender_pid.to_string())
         .into_iter()
@@ -43,12 +54,12 @@ fn check_transfer(tx: &Decoded, rx: &Decoded, sender_pid: u32, tx_device: &str, 
         // sends, can run on the sender's task: those are attributed to the current task.)
         .filter(|s| s.labels.get("attributed_to").map(String::as_str) == Some("socket-owner"))
         .collect();
-    assert_close(&format!("transmit on {tx_device} by the sender"), payload(&sent, TX_HEADERS), BYTES);
+    assert_close(&format!("transmit on {tx_device} by the sender"), payload(&sent, TX_HEADERS), *transmitted);
     let via_send_all: Vec<_> = sent.iter().copied().filter(|s| s.has_function("fixture::send_all")).collect();
-    assert_close("transmit under fixture::send_all", payload(&via_send_all, TX_HEADERS), BYTES);
+    assert_close("transmit under fixture::send_all", payload(&via_send_all, TX_HEADERS), *transmitted);
 
     let received = rx.samples_labelled("device", rx_device);
-    assert_close(&format!("receive on {rx_device}"), payload(&received, RX_HEADERS), BYTES);
+    assert_close(&format!("receive on {rx_device}"), payload(&received, RX_HEADERS), *transmitted);
     // Kernel receive-path stacks, or (rarely, counted) a marker saying why one was lost.
     let explained = |s: &&ember_tests::Sample| {
         s.frames.iter().any(|f| f.mapping == "[kernel.kallsyms]" || f.function.starts_with("[kernel stack lost"))
@@ -69,8 +80,7 @@ fn loopback_transfer_is_attributed_to_the_sender_and_counted_per_device() {
     let receiver = Fixture::spawn_with(Command::new(FIXTURE), "tcp-recv", 3.0, &[&address]);
     std::thread::sleep(std::time::Duration::from_millis(100));
     let sender = Fixture::spawn_with(Command::new(FIXTURE), "tcp-send", 3.0, &[&address, &BYTES.to_string()]);
-    let (tx, rx, sender_pid) = transfer(&dir, receiver, sender);
-    check_transfer(&tx, &rx, sender_pid, "lo", "lo");
+    check_transfer(&transfer(&dir, receiver, sender), "lo", "lo");
 }
 
 #[test]
@@ -82,8 +92,7 @@ fn veth_transfer_between_namespaces_is_attributed_per_device() {
     let receiver = Fixture::spawn_with(NetnsPair::command(&pair.b, FIXTURE), "tcp-recv", 3.0, &[&address]);
     std::thread::sleep(std::time::Duration::from_millis(200));
     let sender = Fixture::spawn_with(NetnsPair::command(&pair.a, FIXTURE), "tcp-send", 3.0, &[&address, &BYTES.to_string()]);
-    let (tx, rx, sender_pid) = transfer(&dir, receiver, sender);
-    check_transfer(&tx, &rx, sender_pid, "ember-va", "ember-vb");
+    check_transfer(&transfer(&dir, receiver, sender), "ember-va", "ember-vb");
 }
 
 /// With `--pid`, a sender's transmits that leave from softirq on another task (as ACKs
@@ -109,7 +118,7 @@ fn pid_filter_keeps_transmits_sent_from_softirq_on_other_tasks() {
         .into_iter()
         .filter(|s| s.labels.get("attributed_to").map(String::as_str) == Some("socket-owner"))
         .collect();
-    assert_close("transmit by the sender with --pid", payload(&sent, TX_HEADERS), BYTES);
+    assert_close("transmit by the sender with --pid", payload(&sent, TX_HEADERS), runs[1].lines[0][2]);
     let others = tx.samples.iter().filter(|s| s.labels.get("pid").is_some_and(|p| *p != sender_pid)).count();
     assert_eq!(others, 0, "samples of other processes passed the pid filter");
 }

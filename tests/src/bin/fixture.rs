@@ -21,8 +21,9 @@
 //!   each thread's "<tid> <wall ns> <cpu ns> <turns>".
 //! - `tcp-recv`: accepts one connection on ARGS[0] (addr:port), reads until EOF (pausing
 //!   ARGS[1] microseconds after each read of up to 64 KiB, if given). Prints bytes.
-//! - `tcp-send`: connects to ARGS[0], sends ARGS[1] bytes from `send_all`, closes. Prints
-//!   "<tid> <bytes>".
+//! - `tcp-send`: connects to ARGS[0], sends ARGS[1] bytes from `send_all`, closes once the
+//!   peer has acknowledged them. Prints "<tid> <bytes> <payload bytes transmitted>" (the
+//!   last counts retransmissions: what the network tracepoints see).
 //! - `udp-closed`: sends ARGS[0] datagrams of 100 bytes to 127.0.0.1:9 (nothing listens).
 use std::{
     hint::black_box,
@@ -170,6 +171,28 @@ fn send_all(fd: i32, mut bytes: u64) {
     }
 }
 
+/// Waits (up to 5 s) until every byte written has left and the peer has acknowledged it,
+/// then returns the payload bytes the socket transmitted, retransmissions included
+/// (`tcpi_bytes_sent`): on a loaded host a loopback receiver's backlog can overflow, and the
+/// segments it dropped leave twice.
+fn acknowledged_transmit(fd: i32) -> u64 {
+    // `struct tcp_info` (uapi/linux/tcp.h): tcpi_unacked at byte 24, tcpi_notsent_bytes at
+    // 144, tcpi_bytes_sent at 200.
+    let info = || {
+        let mut info = [0u8; 280];
+        let mut len = info.len() as libc::socklen_t;
+        let got = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, info.as_mut_ptr().cast(), &mut len) };
+        assert!(got == 0 && len >= 208, "TCP_INFO: {got}, {len} bytes");
+        let u32_at = |at: usize| u32::from_ne_bytes(info[at..at + 4].try_into().unwrap());
+        (u32_at(24) + u32_at(144), u64::from_ne_bytes(info[200..208].try_into().unwrap()))
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while info().0 != 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    info().1
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_else(|| "split".into());
@@ -276,12 +299,14 @@ fn main() {
             let stream = TcpStream::connect(&rest[0]).expect("connecting");
             let bytes: u64 = rest[1].parse().expect("byte count");
             send_all(stream.as_raw_fd(), bytes);
+            stream.shutdown(std::net::Shutdown::Write).expect("shutting down");
+            let transmitted = acknowledged_transmit(stream.as_raw_fd());
             drop(stream);
             // Stay a moment: the agent reads a process's mappings when it is first seen (here,
             // at its first packet), and on a loaded machine a sender that exits within a few
             // ms of that could be gone first. Attribution, not that race, is under test here.
             std::thread::sleep(Duration::from_millis(500));
-            println!("{} {bytes}", gettid());
+            println!("{} {bytes} {transmitted}", gettid());
         }
         "udp-closed" => {
             let socket = UdpSocket::bind("127.0.0.1:0").expect("binding");
