@@ -434,6 +434,7 @@ pub mod names {
     pub const OFF_CPU_START: &str = "OFF_CPU_START";
     /// Globals: off-CPU settings.
     pub const SWITCH_LAYOUT: &str = "SWITCH_LAYOUT";
+    pub const FORK_CHILD_PID: &str = "FORK_CHILD_PID";
     pub const OFF_CPU_STATES: &str = "OFF_CPU_STATES";
     pub const OFF_CPU_MIN_NS: &str = "OFF_CPU_MIN_NS";
     pub const OFF_CPU_MAX_NS: &str = "OFF_CPU_MAX_NS";
@@ -446,6 +447,7 @@ pub mod names {
     pub const PROG_SAMPLE: &str = "sample_cpu";
     pub const PROG_EXEC: &str = "process_exec";
     pub const PROG_EXIT: &str = "process_exit";
+    pub const PROG_FORK: &str = "process_fork";
     pub const PROG_SWITCH: &str = "sched_switch";
     /// Network programs by kind, from `kind::FIRST_NET`, with their tracepoints.
     pub const NET_PROGRAMS: [(&str, &str, &str); 6] = [

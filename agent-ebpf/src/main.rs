@@ -81,6 +81,9 @@ static SOCK_OWNER: LruHashMap<u64, SocketOwner> = LruHashMap::with_max_entries(1
 static FILTER_TGIDS: u8 = 0;
 #[no_mangle]
 static FILTER_CGROUP: u64 = 0;
+/// Where sched_process_fork's record holds `child_pid`, from its format file.
+#[no_mangle]
+static FORK_CHILD_PID: u32 = 0;
 #[no_mangle]
 static SWITCH_LAYOUT: SwitchLayout = SwitchLayout { prev_pid: 0, prev_state: 0, prev_state_size: 0, next_pid: 0 };
 #[no_mangle]
@@ -245,6 +248,11 @@ mod told {
     pub const AT_EXEC: u8 = 1;
     /// Announced at its first event: its mappings are read while it runs.
     pub const RUNNING: u8 = 2;
+    /// Its main thread exited. Samples the thread still takes on its way out (the tracepoint
+    /// fires before the end of its exit) must not announce it again: userspace would find no
+    /// mappings, keep the dead process's, and name the next process with its pid from them.
+    /// A fork clears it for the pid it hands out.
+    pub const EXITED: u8 = u8::MAX;
 }
 
 /// Tells userspace about a process at `stage` (`told`), unless it was told already. If the
@@ -634,18 +642,28 @@ pub fn kfree_skb(ctx: TracePointContext) -> u32 {
     record_net(&ctx, kind::KFREE_SKB)
 }
 
-/// A thread exits: its off-CPU entry goes; when the process's main thread exits, the process
-/// is forgotten, so that a new process that reuses its pid is announced afresh (and not
-/// symbolized with the dead one's mappings).
+/// A thread exits: its off-CPU entry goes; when the process's main thread exits, its
+/// mappings are forgotten and it is marked exited (`told::EXITED`).
 #[tracepoint]
 pub fn process_exit(_ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tgid, pid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     let _ = OFF_CPU_START.remove(&pid);
     if tgid == pid {
-        let _ = KNOWN_TGIDS.remove(&tgid);
+        let _ = KNOWN_TGIDS.insert(&tgid, &told::EXITED, 0);
         walk::forget_process(tgid);
     }
+    0
+}
+
+/// A new process or thread: its pid may have been a dead process's, whose mark and
+/// mappings go, so that the new one's first event announces it (and it is not symbolized
+/// with the dead one's mappings).
+#[tracepoint]
+pub fn process_fork(ctx: TracePointContext) -> u32 {
+    let child: u32 = field(&ctx, config(&FORK_CHILD_PID));
+    let _ = KNOWN_TGIDS.remove(&child);
+    walk::forget_process(child);
     0
 }
 

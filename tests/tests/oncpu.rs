@@ -254,12 +254,14 @@ fn a_reused_pid_is_announced_afresh_and_named_with_its_own_mappings() {
     let out = dir.path("profiles");
     // A long interval: the first process is still in the agent's table when the second one,
     // with the same pid, runs and exits, all before the drain. The second is a fork without
-    // exec (a pre-forked worker), so no exec event announces it either.
+    // exec (a pre-forked worker), so no exec event announces it either. The first frees a
+    // large heap in its exit path, where it is still sampled after its exit event (which once
+    // made it known to the programs again, so that the second was never announced).
     let mut agent = Agent::spawn(&["run", "-F", "99", "--interval", "60s", "--output-dir", out.to_str().unwrap()]);
     agent.wait_ready();
     let reused = (0..5)
         .find_map(|_| {
-            let mut first = Fixture::spawn(FIXTURE, "split", 1.0);
+            let mut first = Fixture::spawn_with(Command::new(FIXTURE), "exit-large", 1.0, &["1024"]);
             let pid = first.pid();
             first.start();
             first.finish();

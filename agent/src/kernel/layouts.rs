@@ -20,6 +20,12 @@ pub(super) fn switch_layout() -> Result<SwitchLayout> {
     })
 }
 
+/// Where sched_process_fork's record holds the new task's pid (its comms are `__data_loc`
+/// on recent kernels, inline before).
+pub(super) fn fork_child_pid() -> Result<u32> {
+    Format::read("sched", "sched_process_fork")?.offset("child_pid")
+}
+
 /// Field offsets of every enabled network tracepoint; `NONE` for the others.
 pub(super) fn net_layouts(events: &[NetEvent]) -> Result<[FieldLayout; 6]> {
     let mut layouts = [FieldLayout::NONE; 6];

@@ -21,7 +21,7 @@ use super::{
     announce::Announcements,
     barrier::ProgramBarrier,
     events::{Event, KernelSettings},
-    layouts::{net_layouts, switch_layout, transmit_attribution},
+    layouts::{fork_child_pid, net_layouts, switch_layout, transmit_attribution},
     rates::{PerfSampling, SamplingRates},
     unwind_maps::UnwindMaps,
     Stack,
@@ -75,6 +75,7 @@ impl Sampler {
         let cgroup = settings.cgroup_id.unwrap_or(0);
         let measure_run_time = u8::from(settings.measure_run_time);
         let switch = settings.off_cpu.as_ref().map(|_| switch_layout()).transpose()?;
+        let fork_child_pid = fork_child_pid()?;
         let net_layouts = net_layouts(&settings.net)?;
         let attribution = transmit_attribution(&settings.net)?;
         let mut loader = EbpfLoader::new();
@@ -84,6 +85,7 @@ impl Sampler {
         loader.override_global(names::FILTER_TGIDS, &filter_tgids, true);
         loader.override_global(names::FILTER_CGROUP, &cgroup, true);
         loader.override_global(names::MEASURE_RUN_TIME, &measure_run_time, true);
+        loader.override_global(names::FORK_CHILD_PID, &fork_child_pid, true);
         loader.override_global(names::NET_LAYOUTS, &net_layouts[..], true);
         if let Some((skb_sk, send_sk, send_ret)) = &attribution {
             loader.override_global(names::SKB_SK_OFFSET, skb_sk, true);
@@ -121,6 +123,7 @@ impl Sampler {
 
         attach_tracepoint(&mut ebpf, names::PROG_EXEC, "sched", "sched_process_exec")?;
         attach_tracepoint(&mut ebpf, names::PROG_EXIT, "sched", "sched_process_exit")?;
+        attach_tracepoint(&mut ebpf, names::PROG_FORK, "sched", "sched_process_fork")?;
         if settings.off_cpu.is_some() {
             attach_tracepoint(&mut ebpf, names::PROG_SWITCH, "sched", "sched_switch")?;
         }

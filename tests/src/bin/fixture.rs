@@ -8,6 +8,9 @@
 //! a test can start the profiler before any work happens. Modes, and what they print:
 //! - `split`: main -> hot_a or hot_b, chosen at random per unit with p(a) = 0.7 (or ARGS[0]
 //!   percent), both through the same `burn`. Prints "<units> <a units>": the exact truth.
+//! - `exit-large`: writes ARGS[0] MiB (default 1024), runs `hot_a` in a loop, and exits
+//!   without freeing them: the kernel tears them down on its way out, after the exit
+//!   tracepoint, while the process is still sampled. Prints nothing.
 //! - `read-zero`: main -> read_zero, reading /dev/zero in 1 MiB blocks. Prints rounds.
 //! - `stacks`: main -> descend -> descend -> ... (1 to 48 deep, cycling) -> burn: many short
 //!   distinct stacks, for stressing the stack maps. Prints rounds.
@@ -210,6 +213,17 @@ fn main() {
     }
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     match mode.as_str() {
+        "exit-large" => {
+            let mib: usize = rest.first().map_or(1024, |m| m.parse().expect("exit-large MIB"));
+            // Written: every page is the process's own, for the exit path to free.
+            let held = vec![1u8; mib << 20];
+            while Instant::now() < deadline {
+                black_box(hot_a());
+            }
+            black_box(&held);
+            // Not through `main`'s end, which would free them first.
+            std::process::exit(0)
+        }
         "split" => {
             let percent_a: u64 = rest.first().map_or(70, |p| p.parse().expect("the percent of hot_a must be an integer"));
             let (mut units, mut a, mut random) = (0u64, 0u64, 0x9e37_79b9_7f4a_7c15u64);
