@@ -435,6 +435,7 @@ pub mod names {
     /// Globals: off-CPU settings.
     pub const SWITCH_LAYOUT: &str = "SWITCH_LAYOUT";
     pub const FORK_CHILD_PID: &str = "FORK_CHILD_PID";
+    pub const EXIT_GROUP_DEAD: &str = "EXIT_GROUP_DEAD";
     pub const OFF_CPU_STATES: &str = "OFF_CPU_STATES";
     pub const OFF_CPU_MIN_NS: &str = "OFF_CPU_MIN_NS";
     pub const OFF_CPU_MAX_NS: &str = "OFF_CPU_MAX_NS";

@@ -81,9 +81,12 @@ static SOCK_OWNER: LruHashMap<u64, SocketOwner> = LruHashMap::with_max_entries(1
 static FILTER_TGIDS: u8 = 0;
 #[no_mangle]
 static FILTER_CGROUP: u64 = 0;
-/// Where sched_process_fork's record holds `child_pid`, from its format file.
+/// Where sched_process_fork's record holds `child_pid`, and sched_process_exit's
+/// `group_dead` (`FieldLayout::ABSENT` if it has none), from their format files.
 #[no_mangle]
 static FORK_CHILD_PID: u32 = 0;
+#[no_mangle]
+static EXIT_GROUP_DEAD: u32 = FieldLayout::ABSENT;
 #[no_mangle]
 static SWITCH_LAYOUT: SwitchLayout = SwitchLayout { prev_pid: 0, prev_state: 0, prev_state_size: 0, next_pid: 0 };
 #[no_mangle]
@@ -248,9 +251,9 @@ mod told {
     pub const AT_EXEC: u8 = 1;
     /// Announced at its first event: its mappings are read while it runs.
     pub const RUNNING: u8 = 2;
-    /// Its main thread exited. Samples the thread still takes on its way out (the tracepoint
-    /// fires before the end of its exit) must not announce it again: userspace would find no
-    /// mappings, keep the dead process's, and name the next process with its pid from them.
+    /// Its last thread exited. Samples the thread still takes on its way out (the tracepoint
+    /// fires before its memory is torn down) must not announce it again: userspace would find
+    /// no mappings, keep the dead process's, and name the next process with its pid from them.
     /// A fork clears it for the pid it hands out.
     pub const EXITED: u8 = u8::MAX;
 }
@@ -642,15 +645,24 @@ pub fn kfree_skb(ctx: TracePointContext) -> u32 {
     record_net(&ctx, kind::KFREE_SKB)
 }
 
-/// A thread exits: its off-CPU entry goes; when the process's main thread exits, its
-/// mappings are forgotten and it is marked exited (`told::EXITED`).
+/// A thread exits: its off-CPU entry goes. When the process's last thread exits (the
+/// record's `group_dead`, since 6.16, where the tracepoint fires before the memory is torn
+/// down), its mappings are forgotten and it is marked exited (`told::EXITED`). Without
+/// `group_dead`, the process is forgotten at its main thread's exit, as before; threads that
+/// run on announce it again.
 #[tracepoint]
-pub fn process_exit(_ctx: TracePointContext) -> u32 {
+pub fn process_exit(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tgid, pid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     let _ = OFF_CPU_START.remove(&pid);
-    if tgid == pid {
-        let _ = KNOWN_TGIDS.insert(&tgid, &told::EXITED, 0);
+    let group_dead = config(&EXIT_GROUP_DEAD);
+    if group_dead != FieldLayout::ABSENT {
+        if field::<u8>(&ctx, group_dead) != 0 {
+            let _ = KNOWN_TGIDS.insert(&tgid, &told::EXITED, 0);
+            walk::forget_process(tgid);
+        }
+    } else if tgid == pid {
+        let _ = KNOWN_TGIDS.remove(&tgid);
         walk::forget_process(tgid);
     }
     0

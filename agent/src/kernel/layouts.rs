@@ -26,6 +26,12 @@ pub(super) fn fork_child_pid() -> Result<u32> {
     Format::read("sched", "sched_process_fork")?.offset("child_pid")
 }
 
+/// Where sched_process_exit's record says whether the process's last thread exits
+/// (`group_dead`, since 6.16), or `FieldLayout::ABSENT`.
+pub(super) fn exit_group_dead() -> Result<u32> {
+    Ok(Format::read("sched", "sched_process_exit")?.optional("group_dead").unwrap_or(FieldLayout::ABSENT))
+}
+
 /// Field offsets of every enabled network tracepoint; `NONE` for the others.
 pub(super) fn net_layouts(events: &[NetEvent]) -> Result<[FieldLayout; 6]> {
     let mut layouts = [FieldLayout::NONE; 6];

@@ -21,7 +21,7 @@ use super::{
     announce::Announcements,
     barrier::ProgramBarrier,
     events::{Event, KernelSettings},
-    layouts::{fork_child_pid, net_layouts, switch_layout, transmit_attribution},
+    layouts::{exit_group_dead, fork_child_pid, net_layouts, switch_layout, transmit_attribution},
     rates::{PerfSampling, SamplingRates},
     unwind_maps::UnwindMaps,
     Stack,
@@ -75,7 +75,7 @@ impl Sampler {
         let cgroup = settings.cgroup_id.unwrap_or(0);
         let measure_run_time = u8::from(settings.measure_run_time);
         let switch = settings.off_cpu.as_ref().map(|_| switch_layout()).transpose()?;
-        let fork_child_pid = fork_child_pid()?;
+        let (fork_child_pid, exit_group_dead) = (fork_child_pid()?, exit_group_dead()?);
         let net_layouts = net_layouts(&settings.net)?;
         let attribution = transmit_attribution(&settings.net)?;
         let mut loader = EbpfLoader::new();
@@ -86,6 +86,7 @@ impl Sampler {
         loader.override_global(names::FILTER_CGROUP, &cgroup, true);
         loader.override_global(names::MEASURE_RUN_TIME, &measure_run_time, true);
         loader.override_global(names::FORK_CHILD_PID, &fork_child_pid, true);
+        loader.override_global(names::EXIT_GROUP_DEAD, &exit_group_dead, true);
         loader.override_global(names::NET_LAYOUTS, &net_layouts[..], true);
         if let Some((skb_sk, send_sk, send_ret)) = &attribution {
             loader.override_global(names::SKB_SK_OFFSET, skb_sk, true);
