@@ -662,10 +662,16 @@ pub fn process_exit(ctx: TracePointContext) -> u32 {
             walk::forget_process(tgid);
         }
     } else if tgid == pid {
-        let _ = KNOWN_TGIDS.remove(&tgid);
-        walk::forget_process(tgid);
+        forget(tgid);
     }
     0
+}
+
+/// Neither the process nor its mappings are known any more: its next event announces it.
+#[inline(always)]
+fn forget(tgid: u32) {
+    let _ = KNOWN_TGIDS.remove(&tgid);
+    walk::forget_process(tgid);
 }
 
 /// A new process or thread: its pid may have been a dead process's, whose mark and
@@ -673,9 +679,7 @@ pub fn process_exit(ctx: TracePointContext) -> u32 {
 /// with the dead one's mappings).
 #[tracepoint]
 pub fn process_fork(ctx: TracePointContext) -> u32 {
-    let child: u32 = field(&ctx, config(&FORK_CHILD_PID));
-    let _ = KNOWN_TGIDS.remove(&child);
-    walk::forget_process(child);
+    forget(field(&ctx, config(&FORK_CHILD_PID)));
     0
 }
 
@@ -687,8 +691,7 @@ pub fn process_fork(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn process_exec(ctx: TracePointContext) -> u32 {
     let tgid = ctx.tgid();
-    let _ = KNOWN_TGIDS.remove(&tgid);
-    walk::forget_process(tgid);
+    forget(tgid);
     if passes_filters(tgid) {
         announce_process(tgid, told::AT_EXEC, &active_set());
     }

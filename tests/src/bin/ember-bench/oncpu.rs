@@ -267,9 +267,7 @@ pub fn run(seconds: u64, frequencies: &[u64], no_frame_pointers: bool, deep: boo
 /// (on this VM, by a third between runs a few minutes apart), and their ratio with both.
 fn measure_together(setup: &Setup, hz: u64, window: Duration) -> Result<(f64, f64)> {
     let workload = &setup.workload;
-    let dir = std::env::temp_dir().join(format!("ember-bench-together-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir)?;
+    let dir = empty_dir("together")?;
     let beside = setup.start_beside(window)?;
     let start = |profiler: Profiler| -> Result<Running> {
         Running::start(profiler.name(workload), profiler.command(hz, Scope::Host, workload.perf_call_graph(), INTERVAL, &dir)?)
@@ -333,9 +331,7 @@ fn run_workload(setup: &Setup, window: Duration) -> Result<f64> {
 
 fn measure(profiler: Profiler, setup: &Setup, hz: u64, window: Duration, baseline: f64) -> Result<Row> {
     let workload = &setup.workload;
-    let dir = std::env::temp_dir().join(format!("ember-bench-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir)?;
+    let dir = empty_dir("profiler")?;
     let command = profiler.command(hz, Scope::Host, workload.perf_call_graph(), INTERVAL, &dir)?;
     let beside = setup.start_beside(window)?;
     let profiler_process = Running::start(profiler.name(workload), command)?;
@@ -362,6 +358,14 @@ fn measure(profiler: Profiler, setup: &Setup, hz: u64, window: Duration, baselin
     };
     let _ = fs::remove_dir_all(&dir);
     Ok(row)
+}
+
+/// An empty directory of this bench run for a measurement's profiles.
+fn empty_dir(name: &str) -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("ember-bench-{name}-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir)?;
+    Ok(dir)
 }
 
 /// The warm-up before a window (see `WARM_UP`), with Ember's first profile if it runs.
