@@ -75,10 +75,11 @@ fn build_library(dir: &Path) -> PathBuf {
     library
 }
 
-/// Compiles `clock.c` (a loop on clock_gettime, which runs in the vDSO) into `dir`, as the
-/// other C workloads.
-pub fn build_clock(dir: &Path) -> PathBuf {
-    let out = dir.join("clock");
-    crate::compile_c(&Path::new(SOURCES).join("clock.c"), &out, &["-O2", "-fomit-frame-pointer"]);
+/// Compiles the single-file C program `name`.c into `dir` (at -O2 -fomit-frame-pointer, as
+/// the other C workloads): `clock` loops on clock_gettime, which runs in the vDSO; the main
+/// thread of `leaderless` leaves with pthread_exit while a worker sorts.
+pub fn build_program(dir: &Path, name: &str) -> PathBuf {
+    let out = dir.join(name);
+    crate::compile_c(&Path::new(SOURCES).join(format!("{name}.c")), &out, &["-O2", "-fomit-frame-pointer"]);
     out
 }

@@ -221,7 +221,7 @@ fn launch_and_wait(child: &mut Child) {
 fn stacks_through_the_vdso_are_complete_and_named() {
     require_root();
     let dir = TempDir::new("nofp-vdso");
-    let clock = nofp::build_clock(&dir.path(""));
+    let clock = nofp::build_program(&dir.path(""), "clock");
     let mut workload = Command::new(&clock).arg("8").spawn().unwrap();
     let (out, pid) = (dir.path("clock.pb.gz"), workload.id().to_string());
     let agent = Agent::spawn(&["record", "-d", "3s", "-F", "499", "--pid", &pid, "-o", out.to_str().unwrap()]);
@@ -238,6 +238,44 @@ fn stacks_through_the_vdso_are_complete_and_named() {
     assert!(unnamed.is_empty(), "vDSO frames not named from the vDSO's symbols: {unnamed:?}");
     let (reached, total) = weighted(&samples, |frames| reaches(frames, "main"));
     assert!(reached as f64 >= 0.995 * total as f64, "{reached} of {total} samples reach main");
+}
+
+/// A process whose main thread has left (pthread_exit) while a worker runs on shows no
+/// mappings under /proc/<pid> any more. The agent, started after that, must read them
+/// through the worker: otherwise no table is loaded for it and no frame is named.
+#[test]
+fn a_process_whose_main_thread_has_exited_is_unwound_and_named() {
+    require_root();
+    let dir = TempDir::new("nofp-leaderless");
+    let leaderless = nofp::build_program(&dir.path(""), "leaderless");
+    let mut workload = Command::new(&leaderless).arg("8").spawn().unwrap();
+    let pid = workload.id().to_string();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the fixture's main thread did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = dir.path("leaderless.pb.gz");
+    let agent = Agent::spawn(&["record", "-d", "3s", "-F", "499", "--pid", &pid, "-o", out.to_str().unwrap()]);
+    agent.wait_success(Duration::from_secs(30));
+    workload.kill().ok();
+    workload.wait().ok();
+
+    let profile = Decoded::read(&out);
+    let samples = profile.samples_of(workload.id());
+    let (reached, total) = weighted(&samples, |frames| reaches(frames, "worker"));
+    assert!(total > 500 && reached as f64 >= 0.99 * total as f64, "{reached} of {total} samples reach the worker");
+    // The comparator's callers, leaf first: libc's qsort, then the fixture's own frames.
+    let comparing: Vec<&Sample> = samples.iter().copied().filter(|s| names(s).first().is_some_and(|f| f == "compare_ints")).collect();
+    let complete = |frames: &[String]| {
+        let at = |name: &str| frames.iter().position(|f| f.contains(name));
+        matches!((at("qsort"), at("sort_often"), at("worker")), (Some(qsort), Some(sort), Some(worker)) if qsort < sort && sort < worker)
+    };
+    let (shown, all) = weighted(&comparing, complete);
+    let example = comparing.iter().map(|s| names(s)).find(|frames| !complete(frames));
+    // Samples before the agent has loaded the process's mappings are walked by frame
+    // pointers (none here), as in the other tests: hence 99%, not all.
+    assert!(all > 50 && shown as f64 >= 0.99 * all as f64, "{shown} of {all} samples in the comparator show qsort, sort_often and the worker above it; one that does not: {example:?}");
 }
 
 /// A library loaded with dlopen after the process's mappings were read (at its first sample,

@@ -6,6 +6,7 @@ mod interval;
 mod open;
 mod perf_map;
 pub mod pods;
+mod proc_dir;
 mod procs;
 pub mod relabel;
 mod targets;

@@ -15,6 +15,7 @@ use std::{
         fd::{AsRawFd, FromRawFd},
         unix::fs::MetadataExt,
     },
+    path::Path,
 };
 
 /// Filesystems whose maps lines may show another device than `stat` (linux/magic.h): overlayfs
@@ -65,12 +66,13 @@ impl Unopened {
     }
 }
 
-/// Opens the file `tgid` maps at `range` ("start-end" as in maps), named `path` in its maps.
-pub fn open_mapped(tgid: u32, range: &str, path: &str, mapped: MappedId) -> Result<File, Unopened> {
-    if let Ok(file) = File::open(format!("/proc/{tgid}/map_files/{range}")) {
+/// Opens the file mapped at `range` ("start-end" as in maps), named `path` in the maps of
+/// the process or thread /proc shows at `dir` (see `proc_dir`).
+pub fn open_mapped(dir: &Path, range: &str, path: &str, mapped: MappedId) -> Result<File, Unopened> {
+    if let Ok(file) = File::open(dir.join("map_files").join(range)) {
         return Ok(file); // the mapped file itself
     }
-    let root = File::open(format!("/proc/{tgid}/root")).map_err(|_| Unopened::Exited)?;
+    let root = File::open(dir.join("root")).map_err(|_| Unopened::Exited)?;
     let file = open_in_root(&root, path).map_err(|_| Unopened::Unreachable)?;
     let meta = file.metadata().map_err(|_| Unopened::Unreachable)?;
     if mapped.is(&meta, maps_shows_another_device(&file)) { Ok(file) } else { Err(Unopened::Changed) }

@@ -133,7 +133,7 @@ pub fn parse_line(line: &str) -> Option<(u64, u64, &str)> {
 fn open(tgid: u32) -> Option<File> {
     let status = fs::read_to_string(format!("/proc/{tgid}/status")).ok()?;
     let own_pid = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.to_string();
-    let root = File::open(format!("/proc/{tgid}/root")).ok()?;
+    let root = super::proc_dir::first_showing(tgid, |dir| File::open(dir.join("root")).ok())?;
     open_in_root(&root, &format!("/tmp/perf-{own_pid}.map")).ok()
 }
 

@@ -6,14 +6,14 @@ use std::{
     fs::{self, File},
     ops::Range,
     os::{fd::AsRawFd, unix::fs::MetadataExt},
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{Arc, Weak},
 };
 
 use super::{
     open::{MappedId, Unopened, open_mapped},
     perf_map::{JitSymbol, PerfMap},
-    vdso,
+    proc_dir, vdso,
 };
 use crate::{
     ops::metrics,
@@ -203,20 +203,23 @@ impl ProcessTable {
         // A process that has exited but is not reaped yet reads as no mappings at all: that
         // is not its mappings, and must not replace the ones captured while it ran (it may be
         // announced again while it exits).
-        let maps = fs::read_to_string(format!("/proc/{tgid}/maps")).unwrap_or_default();
-        if maps.is_empty() {
+        let shown = proc_dir::first_showing(tgid, |dir| {
+            let maps = fs::read_to_string(dir.join("maps")).ok()?;
+            (!maps.is_empty()).then(|| (dir.to_path_buf(), maps))
+        });
+        let Some((dir, maps)) = shown else {
             if !self.processes.contains_key(&tgid) {
                 self.unread.insert(tgid);
             }
             return false;
-        }
+        };
         let name = fs::read_to_string(format!("/proc/{tgid}/comm")).unwrap_or_default().trim().to_string();
         // Read after all (a read can fail while the process execs): not a loss.
         self.unread.remove(&tgid);
         let (mut mappings, mut data) = (Vec::new(), Vec::new());
         for line in maps.lines().filter_map(MapsLine::parse) {
             if line.executable {
-                mappings.push(self.mapping(tgid, line));
+                mappings.push(self.mapping(&dir, line));
             } else {
                 data.push(line.start..line.end);
             }
@@ -277,8 +280,8 @@ impl ProcessTable {
         self.binaries.values().filter_map(Weak::upgrade).map(|b| b.table_key()).collect()
     }
 
-    /// An executable mapping (only code can appear in a stack).
-    fn mapping(&mut self, tgid: u32, line: MapsLine) -> Mapping {
+    /// An executable mapping (only code can appear in a stack), read from /proc directory `dir`.
+    fn mapping(&mut self, dir: &Path, line: MapsLine) -> Mapping {
         let MapsLine { start, end, file_offset, path, .. } = line;
         let target = if path == "[vdso]" {
             let vdso = vdso::image(end - start).and_then(|image| self.shared(path, image));
@@ -286,7 +289,7 @@ impl ProcessTable {
         } else if line.inode == 0 || path.is_empty() || path.starts_with('[') {
             MappingTarget::Special(if path.is_empty() { "[anon]".into() } else { path.to_string() })
         } else {
-            match MappedId::parse(line.device, line.inode).and_then(|mapped| self.mapped_binary(tgid, line.range, path, mapped)) {
+            match MappedId::parse(line.device, line.inode).and_then(|mapped| self.mapped_binary(dir, line.range, path, mapped)) {
                 Some(binary) => MappingTarget::File(binary),
                 None => MappingTarget::Special(path.to_string()),
             }
@@ -295,11 +298,11 @@ impl ProcessTable {
     }
 
     /// The binary a maps line names: one already open, or the file opened now.
-    fn mapped_binary(&mut self, tgid: u32, range: &str, path: &str, mapped: MappedId) -> Option<Arc<Binary>> {
+    fn mapped_binary(&mut self, dir: &Path, range: &str, path: &str, mapped: MappedId) -> Option<Arc<Binary>> {
         if let Some(binary) = self.by_mapped.get(&mapped).and_then(Weak::upgrade) {
             return Some(binary);
         }
-        let binary = self.open_binary(tgid, range, path, mapped)?;
+        let binary = self.open_binary(dir, range, path, mapped)?;
         if binary.id == (libc::makedev(mapped.major, mapped.minor), mapped.inode) {
             self.by_mapped.insert(mapped, Arc::downgrade(&binary));
         }
@@ -307,12 +310,12 @@ impl ProcessTable {
     }
 
     /// Opens the mapped file (see `open`), or counts why it could not.
-    fn open_binary(&mut self, tgid: u32, range: &str, path: &str, mapped: MappedId) -> Option<Arc<Binary>> {
-        let file = match open_mapped(tgid, range, path, mapped) {
+    fn open_binary(&mut self, dir: &Path, range: &str, path: &str, mapped: MappedId) -> Option<Arc<Binary>> {
+        let file = match open_mapped(dir, range, path, mapped) {
             Ok(file) => file,
             Err(Unopened::Exited) => return None,
             Err(why) => {
-                tracing::debug!(tgid, path, reason = why.reason(), "mapped file not opened: its frames keep module+offset");
+                tracing::debug!(process = %dir.display(), path, reason = why.reason(), "mapped file not opened: its frames keep module+offset");
                 metrics::add("ember_binaries_unopened_total", &[("reason", why.reason())], 1.0);
                 return None;
             }
