@@ -9,7 +9,7 @@ use std::{fs, path::Path, process::Command, time::Duration};
 use anyhow::{ensure, Context as _, Result};
 use ember_tests::soak::build_churn;
 
-use super::{
+use super::{empty_dir, 
     oncpu::{stacks, wait_for_profile, Profiler, Scope},
     Profiler as Running,
 };
@@ -23,9 +23,7 @@ const INTERVAL: Duration = Duration::from_secs(5);
 const ATTACH: Duration = Duration::from_secs(2);
 
 pub fn run(seconds: u64) -> Result<()> {
-    let dir = std::env::temp_dir().join(format!("ember-bench-churn-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir)?;
+    let dir = empty_dir("churn")?;
     let (churn, child) = build_churn(&dir);
     println!("bench churn: {PER_SECOND} processes/s for {seconds}s, each profiler host-wide at {HZ} Hz in turn");
     let mut rows = Vec::new();

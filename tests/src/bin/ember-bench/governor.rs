@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use super::{release_bin, Profiler};
+use super::{empty_dir, release_bin, Profiler};
 
 const WARM_UP: Duration = Duration::from_secs(8);
 const BUDGETS: [&str; 2] = ["1%", "2%"];
@@ -51,7 +51,7 @@ pub fn run(seconds: u64, busy_us: u64) -> Result<()> {
     let (baseline, _) = pingpong(total, busy_us, || Ok(None))?;
     let mut rows = vec![Row { name: "no profiler".into(), budget: None, overhead: None, turns_per_s: baseline }];
 
-    let dir = std::env::temp_dir().join(format!("ember-bench-governor-{}", std::process::id()));
+    let dir = empty_dir("governor")?;
     let mut runs: Vec<(String, Option<f64>, Command)> = Vec::new();
     let mut bpftrace = Command::new("bpftrace");
     bpftrace.args(["-e", "profile:hz:999 { @cpu[kstack, ustack] = count(); } tracepoint:sched:sched_switch { @off[kstack, ustack] = count(); }"]);

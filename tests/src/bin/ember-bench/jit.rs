@@ -14,7 +14,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use ember_tests::{python_3_12, JIT_FIXTURES};
 
-use super::{
+use super::{empty_dir, 
     oncpu::{stacks, wait_for_profile, Profiler, Scope},
     Profiler as Running,
 };
@@ -66,9 +66,7 @@ pub fn run(seconds: u64) -> Result<()> {
 /// Profiles one run of the fixture: (share of its samples in a named hot_a or hot_b, share in
 /// one that also shows dispatch and the entry, samples).
 fn measure(runtime: &Runtime, profiler: Profiler, perf_args: &[&str], window: Duration) -> Result<(f64, f64, u64)> {
-    let dir = std::env::temp_dir().join(format!("ember-bench-jit-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir)?;
+    let dir = empty_dir("jit")?;
     let mut fixture = Fixture::start(runtime, window + INTERVAL * 3)?;
     std::thread::sleep(Duration::from_secs(2)); // the runtime compiles the hot functions
     let pid = fixture.0.id().to_string();

@@ -78,6 +78,14 @@ fn bench(args: BenchArgs) -> Result<()> {
 }
 
 /// A binary of the same build as this one (`cargo xtask bench` builds them all in release).
+/// An empty directory of this bench run, named `name`: for its builds and profiles.
+pub fn empty_dir(name: &str) -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("ember-bench-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
 pub fn release_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("ember-bench's own path");
     exe.parent().expect("target/release").join(name)

@@ -7,7 +7,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use super::{opt, release_bin, Profiler};
+use super::{empty_dir, opt, release_bin, Profiler};
 
 const WARM_UP: Duration = Duration::from_secs(3);
 const BYTES: u64 = 4 << 30;
@@ -31,7 +31,7 @@ fn transfer() -> Result<f64> {
 pub fn run(_seconds: u64) -> Result<()> {
     println!("bench net: {} GiB over loopback TCP per run", BYTES >> 30);
     let baseline = transfer()?;
-    let dir = std::env::temp_dir().join(format!("ember-bench-net-{}", std::process::id()));
+    let dir = empty_dir("net")?;
     let mut ember = Command::new(release_bin("ember-agent"));
     ember.args(["run", "--events", "net", "--output-dir"]).arg(&dir);
     let profiler = Profiler::start("ember-agent net", ember)?;

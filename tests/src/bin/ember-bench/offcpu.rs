@@ -12,7 +12,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use ember_tests::nofp;
 
-use super::{
+use super::{empty_dir, 
     oncpu::{mean_frames, stacks, Profiler as Stacks},
     opt, release_bin, Profiler,
 };
@@ -49,9 +49,8 @@ fn pipe_latency(ping_pong: &PingPong, seconds: u64) -> Result<f64> {
 }
 
 pub fn run(seconds: u64, deep: bool) -> Result<()> {
-    let built = std::env::temp_dir().join(format!("ember-bench-offcpu-build-{}", std::process::id()));
+    let built = empty_dir("offcpu-build")?;
     let ping_pong = if deep {
-        std::fs::create_dir_all(&built)?;
         PingPong::Deep(nofp::build_with_frame_pointers(&built))
     } else {
         PingPong::Perf
@@ -59,8 +58,7 @@ pub fn run(seconds: u64, deep: bool) -> Result<()> {
     let workload = if deep { "phases pipe (frame pointers, 100-deep stacks)" } else { "perf bench sched pipe" };
     println!("bench offcpu: {workload}, ~{seconds}s per run");
     let baseline = pipe_latency(&ping_pong, seconds)?;
-    let dir = std::env::temp_dir().join(format!("ember-bench-offcpu-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    let dir = empty_dir("offcpu")?;
     let mut bpftrace = Command::new("bpftrace");
     bpftrace.args(["-e", "tracepoint:sched:sched_switch { @[kstack, ustack] = count(); }"]);
     bpftrace.stdout(std::fs::File::create(dir.join("bpftrace.out"))?);

@@ -14,7 +14,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use ember_tests::{bigdebug, nofp, perf_script, Decoded};
 
-use super::{opt, release_bin, Profiler as Running, Snapshot};
+use super::{empty_dir, opt, release_bin, Profiler as Running, Snapshot};
 
 /// Before measuring, each profiler attaches (bpftrace compiles its script), sees the workload
 /// binaries once (a short priming run), and Ember completes its first 10 s interval, whose
@@ -191,8 +191,7 @@ pub fn run(seconds: u64, frequencies: &[u64], no_frame_pointers: bool, deep: boo
     if seconds % INTERVAL.as_secs() != 0 {
         println!("note: --seconds {seconds} is not a whole number of Ember's {}s intervals: its steady CPU then depends on how many drains the window catches", INTERVAL.as_secs());
     }
-    let built = std::env::temp_dir().join(format!("ember-bench-nofp-{}", std::process::id()));
-    fs::create_dir_all(&built)?;
+    let built = empty_dir("nofp")?;
     let workload = if deep {
         Workload::Deep(nofp::build_with_frame_pointers(&built))
     } else if no_frame_pointers {
@@ -358,14 +357,6 @@ fn measure(profiler: Profiler, setup: &Setup, hz: u64, window: Duration, baselin
     };
     let _ = fs::remove_dir_all(&dir);
     Ok(row)
-}
-
-/// An empty directory of this bench run for a measurement's profiles.
-fn empty_dir(name: &str) -> Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("ember-bench-{name}-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir)?;
-    Ok(dir)
 }
 
 /// The warm-up before a window (see `WARM_UP`), with Ember's first profile if it runs.

@@ -11,7 +11,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use ember_tests::soak::{self, Footprint, Growth};
 
-use crate::{release_bin, Profiler};
+use crate::{empty_dir, release_bin, Profiler};
 
 const WARM_UP: Duration = Duration::from_secs(60);
 const EVERY: Duration = Duration::from_secs(30);
@@ -19,8 +19,7 @@ const INTERVAL: &str = "10s";
 
 pub fn run(seconds: u64) -> Result<()> {
     let window = Duration::from_secs(seconds);
-    let dir = std::env::temp_dir().join(format!("ember-bench-soak-{}", std::process::id()));
-    fs::create_dir_all(&dir)?;
+    let dir = empty_dir("soak")?;
     let (churn, child) = soak::build_churn(&dir);
     println!("bench soak: ember-agent at 999 Hz, {seconds}s measured after a {}s warm-up, churn of 200 processes/s and 2 busy workers", WARM_UP.as_secs());
     let mut command = Command::new(release_bin("ember-agent"));

@@ -16,7 +16,7 @@ use ember_tests::{
 };
 use prost::Message;
 
-use super::release_bin;
+use super::{empty_dir, release_bin};
 
 const HOSTS: usize = 10;
 const INTERVALS: usize = 360; // one hour of 10 s profiles
@@ -47,9 +47,7 @@ fn query(address: std::net::SocketAddr, path: &str) -> Result<usize> {
 }
 
 pub fn run() -> Result<()> {
-    let dir = std::env::temp_dir().join(format!("ember-bench-transport-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
+    let dir = empty_dir("transport")?;
     println!("bench transport: recording a real 10 s profile (2 busy processes, 99 Hz)...");
     let (pprof, samples) = real_profile(&dir)?;
     let (grpc, http) = (free_address(), free_address());

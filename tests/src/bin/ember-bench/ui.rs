@@ -25,6 +25,8 @@ use ember_tests::{
 use prost::Message as _;
 use serde_json::json;
 
+use super::empty_dir;
+
 const HOSTS: usize = 10;
 const INTERVALS: usize = 360;
 const FUNCTIONS: u64 = 2000;
@@ -172,9 +174,7 @@ fn percentiles(mut values: Vec<f64>) -> (f64, f64, f64) {
 }
 
 pub fn run() -> Result<()> {
-    let dir = std::env::temp_dir().join(format!("ember-bench-ui-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir)?;
+    let dir = empty_dir("ui")?;
     let (grpc, http) = (free_address(), free_address());
     let collector = CollectorProcess::start_with_http(grpc, http, &dir.join("data"), &[]);
     println!("bench ui: pushing 1 h of 10 s profiles from {HOSTS} hosts ({} profiles)...", HOSTS * INTERVALS);

@@ -13,7 +13,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use ember_tests::{fetch_metrics, metric_value, nofp, transport::free_address, Decoded};
 
-use super::{opt, release_bin, Profiler};
+use super::{empty_dir, opt, release_bin, Profiler};
 
 pub fn run() -> Result<()> {
     println!("Command: cargo xtask bench unwind\n");
@@ -73,7 +73,7 @@ fn many_processes() -> Result<()> {
     let _idle = start_idle(200)?;
     std::thread::sleep(Duration::from_secs(1));
     let processes = fs::read_dir("/proc")?.flatten().filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok()).count();
-    let (dir, http) = (scratch("many"), free_address());
+    let (dir, http) = (empty_dir("many")?, free_address());
     let mut command = Command::new(release_bin("ember-agent"));
     command.args(["run", "-F", "99", "--interval", "10s", "--http", &http.to_string(), "--output-dir"]).arg(dir.join("profiles"));
     let started = Instant::now();
@@ -100,8 +100,7 @@ fn many_processes() -> Result<()> {
 /// 50 busy processes without frame pointers run before the agent starts: the share of their
 /// samples whose stacks reach `main`, in the first interval and the second.
 fn cold_start() -> Result<()> {
-    let dir = scratch("cold");
-    fs::create_dir_all(&dir)?;
+    let dir = empty_dir("cold")?;
     let built = nofp::build(&dir);
     // Niced: 50 busy processes on 2 CPUs would otherwise leave the agent (and any profiler)
     // a 1/26 share of a CPU to start with.
@@ -141,10 +140,6 @@ fn cold_start() -> Result<()> {
 
 fn is_cpu_profile(path: &Path) -> bool {
     path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("cpu-") && n.to_string_lossy().ends_with(".pb.gz"))
-}
-
-fn scratch(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("ember-bench-{name}-{}", std::process::id()))
 }
 
 /// Processes the benchmark started, killed on drop.
