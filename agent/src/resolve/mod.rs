@@ -88,8 +88,8 @@ impl Resolver {
 
     fn capture_announced(&mut self) {
         for event in self.announcements.take() {
-            // A walk that ended in unknown code: read the mappings again only if no mapping
-            // known holds it (a wrong return address mostly points into data).
+            // A walk that ended in unknown code: read the mappings again unless known code
+            // holds it (the programs tell each megabyte once per interval).
             if event.pc == 0 || !self.processes.holds(event.tgid, event.pc) {
                 self.processes.capture(event.tgid);
             }

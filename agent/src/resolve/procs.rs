@@ -4,7 +4,6 @@
 use std::{
     collections::{HashMap, HashSet},
     fs::{self, File},
-    ops::Range,
     os::{fd::AsRawFd, unix::fs::MetadataExt},
     path::{Path, PathBuf},
     sync::{Arc, Weak},
@@ -82,8 +81,6 @@ pub struct Process {
     /// Executable name (/proc/<pid>/comm of the main thread).
     pub name: String,
     mappings: Vec<Mapping>,
-    /// Its other mappings (data, stacks): where a wrong return address mostly points.
-    data: Vec<Range<u64>>,
     /// Names of its JIT-compiled code, read when an address outside its files needs one.
     perf_map: PerfMap,
     pub exited: bool,
@@ -216,26 +213,24 @@ impl ProcessTable {
         let name = fs::read_to_string(format!("/proc/{tgid}/comm")).unwrap_or_default().trim().to_string();
         // Read after all (a read can fail while the process execs): not a loss.
         self.unread.remove(&tgid);
-        let (mut mappings, mut data) = (Vec::new(), Vec::new());
-        for line in maps.lines().filter_map(MapsLine::parse) {
-            if line.executable {
-                mappings.push(self.mapping(&dir, line));
-            } else {
-                data.push(line.start..line.end);
-            }
+        let mut mappings = Vec::new();
+        for line in maps.lines().filter_map(MapsLine::parse).filter(|line| line.executable) {
+            mappings.push(self.mapping(&dir, line));
         }
         // Its perf map, read so far, stays (a runtime that execs another rewrites it).
         let perf_map = self.processes.remove(&tgid).map(|p| p.perf_map).unwrap_or_default();
-        let mut process = Process { name, mappings, data, perf_map, exited: false };
+        let mut process = Process { name, mappings, perf_map, exited: false };
         process.find_python_trampolines(tgid);
         self.processes.insert(tgid, process);
         self.captured.push(tgid);
         true
     }
 
-    /// Whether a mapping of `tgid` read so far, code or data, holds `addr`.
+    /// Whether a code mapping of `tgid` read so far holds `addr`. (Not its data mappings: a
+    /// library loaded later may take the place of one, as the first dlopen takes that of
+    /// ld.so.cache, which the loader unmaps once the program starts.)
     pub fn holds(&self, tgid: u32, addr: u64) -> bool {
-        self.lookup(tgid, addr).is_some() || self.processes.get(&tgid).is_some_and(|p| p.data.iter().any(|r| r.contains(&addr)))
+        self.lookup(tgid, addr).is_some()
     }
 
     /// Processes captured since the last call, with their file-backed executable mappings.
