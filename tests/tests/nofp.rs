@@ -217,19 +217,23 @@ fn launch_and_wait(child: &mut Child) {
     assert!(child.wait().unwrap().success());
 }
 
+/// Profiles `workload` with `ember-agent record` for 3 s at 499 Hz into `out`, then stops it.
+fn record_three_seconds(workload: &mut Child, out: &Path) -> Decoded {
+    let pid = workload.id().to_string();
+    let agent = Agent::spawn(&["record", "-d", "3s", "-F", "499", "--pid", &pid, "-o", out.to_str().unwrap()]);
+    agent.wait_success(Duration::from_secs(30));
+    workload.kill().ok();
+    workload.wait().ok();
+    Decoded::read(out)
+}
+
 #[test]
 fn stacks_through_the_vdso_are_complete_and_named() {
     require_root();
     let dir = TempDir::new("nofp-vdso");
     let clock = nofp::build_program(&dir.path(""), "clock");
     let mut workload = Command::new(&clock).arg("8").spawn().unwrap();
-    let (out, pid) = (dir.path("clock.pb.gz"), workload.id().to_string());
-    let agent = Agent::spawn(&["record", "-d", "3s", "-F", "499", "--pid", &pid, "-o", out.to_str().unwrap()]);
-    agent.wait_success(Duration::from_secs(30));
-    workload.kill().ok();
-    workload.wait().ok();
-
-    let profile = Decoded::read(&out);
+    let profile = record_three_seconds(&mut workload, &dir.path("clock.pb.gz"));
     let samples = profile.samples_of(workload.id());
     let in_vdso: Vec<&Sample> = samples.iter().copied().filter(|s| s.frames.first().is_some_and(|f| f.mapping == "[vdso]")).collect();
     let (total, vdso) = (Decoded::total(&samples), Decoded::total(&in_vdso));
@@ -255,13 +259,7 @@ fn a_process_whose_main_thread_has_exited_is_unwound_and_named() {
         assert!(Instant::now() < deadline, "the fixture's main thread did not exit");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let out = dir.path("leaderless.pb.gz");
-    let agent = Agent::spawn(&["record", "-d", "3s", "-F", "499", "--pid", &pid, "-o", out.to_str().unwrap()]);
-    agent.wait_success(Duration::from_secs(30));
-    workload.kill().ok();
-    workload.wait().ok();
-
-    let profile = Decoded::read(&out);
+    let profile = record_three_seconds(&mut workload, &dir.path("leaderless.pb.gz"));
     let samples = profile.samples_of(workload.id());
     let (reached, total) = weighted(&samples, |frames| reaches(frames, "worker"));
     assert!(total > 500 && reached as f64 >= 0.99 * total as f64, "{reached} of {total} samples reach the worker");
