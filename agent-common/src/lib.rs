@@ -29,7 +29,9 @@ pub struct SampleKey {
     /// Buffer set whose stack map holds the stack ids. Off-CPU events are counted when a
     /// thread wakes, possibly intervals after it blocked and its stacks were captured.
     pub stack_set: u8,
-    pub _pad: u16,
+    /// Which life of its pid the process was in (`process_tag`): samples taken before an
+    /// exec, or by an earlier process with the same pid, are named from that life's mappings.
+    pub process_tag: u16,
     /// Off-CPU: the `block_state` of the switch. kfree_skb: the drop reason. Else 0.
     pub aux: u32,
     /// The user stack's `UserStack::check` (0 with a status): with the id, 95 bits that tell
@@ -388,11 +390,30 @@ pub mod run {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ProcessEvent {
     pub tgid: u32,
-    pub _pad: u32,
+    /// The life of the pid announced (`SampleKey::process_tag`).
+    pub tag: u16,
+    pub _pad: u16,
     /// 0 for a process seen for the first time or after exec. Else a pc where a user-stack
     /// walk ended outside every mapping userspace gave the walker: code mapped since they
     /// were read (a library loaded with dlopen) if no mapping userspace knows holds it.
     pub pc: u64,
+    /// The process's start (ns since boot, its leader's `start_boottime`, which /proc shows
+    /// in clock ticks), or 0 when announced from another task's context: userspace checks it
+    /// to not read another process's mappings for it after its pid was reused.
+    pub start_ns: u64,
+}
+
+/// Where a sample's process life is told apart (`SampleKey::process_tag`): offsets in
+/// `struct task_struct`, from kernel BTF.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskLayout {
+    /// `group_leader`: the process's first thread (it keeps the process's start time).
+    pub group_leader: u32,
+    /// `start_boottime` (u64 ns): set when the task is created, kept through exec.
+    pub start_boottime: u32,
+    /// `self_exec_id` (u64): counts the execs of the task and its ancestors.
+    pub self_exec_id: u32,
 }
 
 /// Map and global names, used by the BPF object and looked up by the loader.
@@ -436,6 +457,7 @@ pub mod names {
     pub const SWITCH_LAYOUT: &str = "SWITCH_LAYOUT";
     pub const FORK_CHILD_PID: &str = "FORK_CHILD_PID";
     pub const EXIT_GROUP_DEAD: &str = "EXIT_GROUP_DEAD";
+    pub const TASK_LAYOUT: &str = "TASK_LAYOUT";
     pub const OFF_CPU_STATES: &str = "OFF_CPU_STATES";
     pub const OFF_CPU_MIN_NS: &str = "OFF_CPU_MIN_NS";
     pub const OFF_CPU_MAX_NS: &str = "OFF_CPU_MAX_NS";
@@ -472,6 +494,7 @@ mod pod {
     unsafe impl aya::Pod for super::FieldLayout {}
     unsafe impl aya::Pod for super::SocketOwner {}
     unsafe impl aya::Pod for super::SwitchLayout {}
+    unsafe impl aya::Pod for super::TaskLayout {}
     unsafe impl aya::Pod for super::UserStack {}
     unsafe impl aya::Pod for super::UnwindRow {}
     unsafe impl aya::Pod for super::ProcessMappings {}

@@ -13,13 +13,13 @@ mod walk;
 
 use agent_common::{
     attribution, block_state, counter, kind, run, stack_status, FieldLayout, OffCpuStart, ProcessEvent, Rates, SampleKey,
-    SampleValue, SocketOwner, SwitchLayout, UserStack, COMM_LEN, IFNAMSIZ,
+    SampleValue, SocketOwner, SwitchLayout, TaskLayout, UserStack, COMM_LEN, IFNAMSIZ,
 };
 use aya_ebpf::{
     bindings::{BPF_EXIST, BPF_NOEXIST},
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32,
-        bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
+        bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes, generated::bpf_get_current_task_btf,
     },
     macros::{map, perf_event, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf, StackTrace},
@@ -106,6 +106,8 @@ static SKB_SK_OFFSET: u32 = FieldLayout::ABSENT;
 static SEND_SK_OFFSET: u32 = 0;
 #[no_mangle]
 static SEND_RET_OFFSET: u32 = 0;
+#[no_mangle]
+static TASK_LAYOUT: TaskLayout = TaskLayout { group_leader: 0, start_boottime: 0, self_exec_id: 0 };
 
 fn config<T: Copy>(global: &T) -> T {
     // Volatile: the value is patched into the object after compilation.
@@ -261,7 +263,7 @@ mod told {
 /// Tells userspace about a process at `stage` (`told`), unless it was told already. If the
 /// ring buffer is full, forget the process again so that the next event retries.
 #[inline(always)]
-fn announce_process(tgid: u32, stage: u8, set: &BufferSet) {
+fn announce_process(tgid: u32, tag: u16, stage: u8, set: &BufferSet) {
     if tgid == 0 {
         return;
     }
@@ -273,7 +275,11 @@ fn announce_process(tgid: u32, stage: u8, set: &BufferSet) {
     if KNOWN_TGIDS.insert(&tgid, &stage, flags as u64).is_err() {
         return; // another CPU announced it first
     }
-    if PROCESS_EVENTS.output::<ProcessEvent>(&ProcessEvent { tgid, _pad: 0, pc: 0 }, 0).is_err() {
+    // The start time can only be read from the process itself (an event may be attributed to
+    // another task: a socket's last sender).
+    let (current_tag, start) = current_life();
+    let start_ns = if (bpf_get_current_pid_tgid() >> 32) as u32 == tgid && current_tag == tag { start } else { 0 };
+    if PROCESS_EVENTS.output::<ProcessEvent>(&ProcessEvent { tgid, tag, _pad: 0, pc: 0, start_ns }, 0).is_err() {
         let _ = KNOWN_TGIDS.remove(&tgid);
         bump(set, counter::PROCESS_EVENT_LOST);
     }
@@ -301,7 +307,9 @@ fn announce_unmapped(tgid: u32, pc: u64, set: &BufferSet) {
         return;
     }
     let _ = UNMAPPED_TOLD.insert(&region, &set.generation, 0);
-    if PROCESS_EVENTS.output::<ProcessEvent>(&ProcessEvent { tgid, _pad: 0, pc }, 0).is_err() {
+    // The walk was the current task's.
+    let (tag, start_ns) = current_life();
+    if PROCESS_EVENTS.output::<ProcessEvent>(&ProcessEvent { tgid, tag, _pad: 0, pc, start_ns }, 0).is_err() {
         bump(set, counter::PROCESS_EVENT_LOST);
     }
 }
@@ -330,13 +338,36 @@ fn add_to_existing(set: &BufferSet, key: &SampleKey, count: u64, total: u64) -> 
 fn record_new(set: &BufferSet, key: &SampleKey, count: u64, total: u64) {
     // Only here can the process be new to userspace, so the hot path (existing key) skips
     // the lookup of known processes.
-    announce_process(key.tgid, told::RUNNING, set);
+    announce_process(key.tgid, key.process_tag, told::RUNNING, set);
     if set.insert_aggregate(key, &SampleValue { count, total }).is_err() {
         // Either the map is full, or another CPU inserted the key first: retry once.
         if !add_to_existing(set, key, count, total) {
             bump(set, counter::MAP_FULL);
         }
     }
+}
+
+/// Which life of its pid the current process is in (`SampleKey::process_tag`), and when it
+/// started (ns since boot).
+#[inline(always)]
+fn current_life() -> (u16, u64) {
+    let layout = config(&TASK_LAYOUT);
+    // Typed (BTF) pointers: plain loads, which the verifier checks against the kernel's
+    // types (the offsets are constants to it), with no helper call.
+    unsafe {
+        let task = bpf_get_current_task_btf() as *const u8;
+        let leader = *(task.add(layout.group_leader as usize) as *const *const u8);
+        let start = *(leader.add(layout.start_boottime as usize) as *const u64);
+        let execs = *(task.add(layout.self_exec_id as usize) as *const u64);
+        (process_tag(start, execs), start)
+    }
+}
+
+/// The 16 bits that tell a process's lives apart: its start time mixed, and its exec count.
+/// An exec always changes them; a new process with a reused pid does but for 1 in 65,536.
+#[inline(always)]
+fn process_tag(start_ns: u64, exec_id: u64) -> u16 {
+    ((start_ns.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as u16) ^ exec_id as u16
 }
 
 /// Key of an event on the current task (stacks filled in by the caller).
@@ -353,7 +384,7 @@ fn current_key(event_kind: u8, set: &BufferSet) -> SampleKey {
         device: [0; IFNAMSIZ],
         kind: event_kind,
         stack_set: set.index,
-        _pad: 0,
+        process_tag: current_life().0,
         aux: 0,
         user_stack_check: 0,
     }
@@ -693,7 +724,7 @@ pub fn process_exec(ctx: TracePointContext) -> u32 {
     let tgid = ctx.tgid();
     forget(tgid);
     if passes_filters(tgid) {
-        announce_process(tgid, told::AT_EXEC, &active_set());
+        announce_process(tgid, current_life().0, told::AT_EXEC, &active_set());
     }
     0
 }

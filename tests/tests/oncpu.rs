@@ -3,7 +3,8 @@
 use std::{path::Path, process::Command, time::Duration};
 
 use ember_tests::{
-    compile_c, folded_total, held, record_fixtures, release, require_root, Agent, Decoded, Fixture, FixtureRun, TempDir, TestCgroups,
+    compile_c, folded_total, held, record_fixtures, release, require_root, spin_c, Agent, Decoded, Fixture, FixtureRun, Sample, TempDir,
+    TestCgroups,
 };
 
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
@@ -247,6 +248,15 @@ fn fork_perl_child_as(pid: u32) -> bool {
     line.trim() == pid.to_string()
 }
 
+/// Runs the agent with `args` while the `held` workload runs, from its release to its end.
+fn record_while(workload: &mut std::process::Child, args: &[&str]) {
+    let mut agent = Agent::spawn(args);
+    agent.wait_ready();
+    release(workload);
+    assert!(workload.wait().unwrap().success());
+    agent.wait_success(Duration::from_secs(30));
+}
+
 #[test]
 fn a_reused_pid_is_announced_afresh_and_named_with_its_own_mappings() {
     require_root();
@@ -272,11 +282,48 @@ fn a_reused_pid_is_announced_afresh_and_named_with_its_own_mappings() {
     agent.signal(libc::SIGTERM);
     agent.wait_success(Duration::from_secs(30));
     let profiles = Decoded::read_kind(&out, "cpu");
-    let comm_is_perl = |s: &&ember_tests::Sample| s.labels.get("comm").map(String::as_str) == Some("perl");
-    let perl: Vec<&ember_tests::Sample> = profiles.iter().flat_map(|p| p.samples_of(reused)).filter(comm_is_perl).collect();
+    let of_comm = |comm: &str| -> Vec<&Sample> {
+        profiles.iter().flat_map(|p| p.samples_of(reused)).filter(|s| s.labels.get("comm").map(String::as_str) == Some(comm)).collect()
+    };
+    let perl = of_comm("perl");
     assert!(Decoded::total(&perl) > 50, "perl's samples under pid {reused} are missing");
     let named = perl.iter().filter(|s| s.frames.iter().any(|f| f.function.starts_with("Perl_"))).count();
     assert!(named * 2 >= perl.len(), "{named} of {} perl samples named from perl's own binary: the dead fixture's mappings were used", perl.len());
+    // And the first process's samples, drained after perl took its pid, from the fixture's.
+    let first = of_comm("fixture");
+    assert!(Decoded::total(&first) > 50, "the first process's samples under pid {reused} are missing");
+    let named = first.iter().filter(|s| s.frames.iter().any(|f| f.mapping.ends_with("/fixture"))).count();
+    let leaves: Vec<String> = first.iter().take(5).filter_map(|s| Some(format!("{} ({})", s.frames.first()?.function, s.frames.first()?.mapping))).collect();
+    assert!(named * 2 >= first.len(), "{named} of {} samples of the first process under pid {reused} named from its own binary: perl's mappings were used; leaves {leaves:?}", first.len());
+}
+
+/// One pid runs a program that then execs another, within one interval: both built without
+/// PIE, so that their code lies at the same addresses. The samples taken before the exec are
+/// named from the first program, whose mappings were read before it exec'd, and the samples
+/// after it from the second.
+#[test]
+fn samples_taken_before_an_exec_are_named_from_the_program_that_ran_then() {
+    require_root();
+    let dir = TempDir::new("exec-lives");
+    let (first, second) = (dir.path("exec_after"), dir.path("after_exec"));
+    compile_c(&Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/lifecycle/exec_after.c"), &first, &["-O2", "-no-pie"]);
+    std::fs::write(dir.path("after_exec.c"), spin_c("after_exec", "")).unwrap();
+    compile_c(&dir.path("after_exec.c"), &second, &["-O2", "-no-pie"]);
+    let mut workload = held(&first, &["1.5", second.to_str().unwrap(), "1.5"]);
+    let out = dir.path("exec.pb.gz");
+    let pid = workload.id().to_string();
+    record_while(&mut workload, &["record", "-d", "5s", "-F", "499", "--pid", &pid, "-o", out.to_str().unwrap()]);
+
+    let profile = Decoded::read(&out);
+    for (comm, own, other) in [("exec_after", "before_exec", "after_exec"), ("after_exec", "after_exec", "before_exec")] {
+        let samples = profile.samples_labelled("comm", comm);
+        let with = |function: &str| Decoded::total(&samples.iter().copied().filter(|s| s.has_function(function)).collect::<Vec<_>>());
+        let (total, named, wrong) = (Decoded::total(&samples), with(own), with(other));
+        let leaves: std::collections::BTreeSet<&str> = samples.iter().filter_map(|s| Some(s.frames.first()?.function.as_str())).collect();
+        // 1.5 s at 499 Hz. A sample taken in the exec itself may have neither function.
+        assert!(total > 400, "{total} samples of {comm}");
+        assert!(named as f64 >= 0.95 * total as f64 && wrong * 100 <= total, "{comm}: {named} of {total} samples in {own}, {wrong} in {other}; leaves {leaves:?}");
+    }
 }
 
 /// Process churn as on a busy host: 200 processes a second, each busy for 20 to 200 ms, most
@@ -295,11 +342,7 @@ fn short_lived_processes_are_named() {
     let mut launcher = held(&churn, &[child.to_str().unwrap(), "4", "200"]);
     cgroups.enter("churn", launcher.id());
     let out = dir.path("churn.pb.gz");
-    let mut agent = Agent::spawn(&["record", "-d", "6s", "-F", "99", "--cgroup", &cgroup, "-o", out.to_str().unwrap()]);
-    agent.wait_ready();
-    release(&mut launcher);
-    assert!(launcher.wait().unwrap().success());
-    agent.wait_success(Duration::from_secs(30));
+    record_while(&mut launcher, &["record", "-d", "6s", "-F", "99", "--cgroup", &cgroup, "-o", out.to_str().unwrap()]);
 
     let profile = Decoded::read(&out);
     let samples = profile.samples_labelled("comm", "churn_child");

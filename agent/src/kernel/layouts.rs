@@ -1,7 +1,7 @@
 //! Where the kernel keeps the fields the programs read, discovered at start-up rather than
-//! hard-coded: tracepoint field offsets from tracefs format files, and `sk_buff.sk` from kernel
-//! BTF. The loader passes them to the programs as globals.
-use agent_common::{kind, FieldLayout, SwitchLayout};
+//! hard-coded: tracepoint field offsets from tracefs format files, and `sk_buff.sk` and
+//! `task_struct`'s fields from kernel BTF. The loader passes them to the programs as globals.
+use agent_common::{kind, FieldLayout, SwitchLayout, TaskLayout};
 use anyhow::Result;
 
 use super::{btf::Btf, events::NetEvent, tracefs::Format};
@@ -17,6 +17,15 @@ pub(super) fn switch_layout() -> Result<SwitchLayout> {
         prev_state,
         prev_state_size,
         next_pid: format.offset("next_pid")?,
+    })
+}
+
+/// Where a task keeps what tells its process's lives apart (`SampleKey::process_tag`).
+pub(super) fn task_layout(btf: &Btf) -> Result<TaskLayout> {
+    Ok(TaskLayout {
+        group_leader: btf.member_offset("task_struct", "group_leader")?,
+        start_boottime: btf.member_offset("task_struct", "start_boottime")?,
+        self_exec_id: btf.member_offset("task_struct", "self_exec_id")?,
     })
 }
 
@@ -52,12 +61,12 @@ pub(super) fn net_layouts(events: &[NetEvent]) -> Result<[FieldLayout; 6]> {
 /// Offsets that attribute transmits to the socket's last sender: sk_buff.sk from kernel BTF
 /// and sock:sock_send_length's fields. None when no transmit event is recorded; without BTF
 /// or that tracepoint, transmits are attributed to the current task (with a warning).
-pub(super) fn transmit_attribution(events: &[NetEvent]) -> Result<Option<(u32, u32, u32)>> {
+pub(super) fn transmit_attribution(events: &[NetEvent], btf: &Btf) -> Result<Option<(u32, u32, u32)>> {
     if !events.iter().any(|e| e.kind() == kind::NET_DEV_QUEUE || e.kind() == kind::NET_DEV_XMIT) {
         return Ok(None);
     }
     let offsets = (|| -> Result<(u32, u32, u32)> {
-        let skb_sk = Btf::from_sys_fs()?.member_offset("sk_buff", "sk")?;
+        let skb_sk = btf.member_offset("sk_buff", "sk")?;
         let send = Format::read("sock", "sock_send_length")?;
         Ok((skb_sk, send.offset("sk")?, send.offset("ret")?))
     })();

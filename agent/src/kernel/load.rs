@@ -21,7 +21,8 @@ use super::{
     announce::Announcements,
     barrier::ProgramBarrier,
     events::{Event, KernelSettings},
-    layouts::{exit_group_dead, fork_child_pid, net_layouts, switch_layout, transmit_attribution},
+    btf::Btf,
+    layouts::{exit_group_dead, fork_child_pid, net_layouts, switch_layout, task_layout, transmit_attribution},
     rates::{PerfSampling, SamplingRates},
     unwind_maps::UnwindMaps,
     Stack,
@@ -77,16 +78,21 @@ impl Sampler {
         let switch = settings.off_cpu.as_ref().map(|_| switch_layout()).transpose()?;
         let (fork_child_pid, exit_group_dead) = (fork_child_pid()?, exit_group_dead()?);
         let net_layouts = net_layouts(&settings.net)?;
-        let attribution = transmit_attribution(&settings.net)?;
+        let btf = Btf::from_sys_fs()?;
+        let task_layout = task_layout(&btf)?;
+        let attribution = transmit_attribution(&settings.net, &btf)?;
+        drop(btf);
         let mut loader = EbpfLoader::new();
-        // The programs read no kernel structures (no CO-RE relocations), so parsing the
-        // kernel's BTF (~20 MB of peak memory) buys nothing.
+        // The programs get the kernel structures' offsets they need as globals (`layouts`),
+        // not by CO-RE relocations, so aya's parse of the kernel's BTF (~20 MB of peak
+        // memory) buys nothing.
         loader.btf(None);
         loader.override_global(names::FILTER_TGIDS, &filter_tgids, true);
         loader.override_global(names::FILTER_CGROUP, &cgroup, true);
         loader.override_global(names::MEASURE_RUN_TIME, &measure_run_time, true);
         loader.override_global(names::FORK_CHILD_PID, &fork_child_pid, true);
         loader.override_global(names::EXIT_GROUP_DEAD, &exit_group_dead, true);
+        loader.override_global(names::TASK_LAYOUT, &task_layout, true);
         loader.override_global(names::NET_LAYOUTS, &net_layouts[..], true);
         if let Some((skb_sk, send_sk, send_ret)) = &attribution {
             loader.override_global(names::SKB_SK_OFFSET, skb_sk, true);

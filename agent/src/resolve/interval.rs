@@ -137,7 +137,7 @@ pub fn resolve(raw: RawInterval, procs: &mut ProcessTable, targets: &mut Targets
                 relabel_dropped += value.count;
                 return None;
             };
-            let process = procs.get(key.tgid).map(|p| p.name.clone()).unwrap_or_default();
+            let process = procs.get(key.tgid, key.process_tag).map(|p| p.name.clone()).unwrap_or_default();
             let reason = (key.kind == kind::KFREE_SKB)
                 .then(|| reasons.get(&key.aux).cloned().unwrap_or_else(|| format!("reason {}", key.aux)));
             Some(ResolvedSample {
@@ -175,7 +175,7 @@ fn c_string(bytes: &[u8]) -> String {
 fn stack(key: &SampleKey, raw: &RawInterval, procs: &mut ProcessTable) -> Vec<Site> {
     let mut sites = Vec::new();
     push_stack(&mut sites, raw, key.stack_set, key.kernel_stack_id, false, |addr| Site::Kernel(addr));
-    push_stack(&mut sites, raw, key.stack_set, key.user_stack_id, true, |addr| Site::User(procs.resolve(key.tgid, addr)));
+    push_stack(&mut sites, raw, key.stack_set, key.user_stack_id, true, |addr| Site::User(procs.resolve(key.tgid, key.process_tag, addr)));
     if sites.is_empty() {
         sites.push(Site::Marker(Marker::NoStack));
     }

@@ -3,6 +3,7 @@
 //! resolved interval of processes, cgroup labels and binary offsets. The commands call it.
 mod cgroups;
 mod interval;
+mod life;
 mod open;
 mod perf_map;
 pub mod pods;
@@ -11,6 +12,8 @@ mod procs;
 pub mod relabel;
 mod targets;
 mod vdso;
+
+use std::collections::HashMap;
 
 use agent_common::kind;
 use anyhow::Result;
@@ -28,6 +31,7 @@ use crate::{
     unwind::Unwinder,
 };
 use interval::{resolve, DropReasons};
+use life::Life;
 use procs::ProcessTable;
 
 pub struct Resolver {
@@ -71,7 +75,7 @@ impl Resolver {
             Vec::new()
         };
         for tgid in running {
-            resolver.processes.capture(tgid);
+            resolver.processes.capture(tgid, None);
         }
         // Kernel threads have no mappings: not processes that exited unread.
         resolver.processes.take_unread();
@@ -87,11 +91,15 @@ impl Resolver {
     }
 
     fn capture_announced(&mut self) {
-        for event in self.announcements.take() {
+        let events = self.announcements.take();
+        // A pid announced again in a later life (it exec'd) shows that life's mappings now:
+        // its earlier lives in this batch are read too late (their samples stay unnamed).
+        let latest: HashMap<u32, u16> = events.iter().map(|e| (e.tgid, e.tag)).collect();
+        for event in events.iter().filter(|e| latest.get(&e.tgid) == Some(&e.tag)) {
             // A walk that ended in unknown code: read the mappings again unless known code
             // holds it (the programs tell each megabyte once per interval).
-            if event.pc == 0 || !self.processes.holds(event.tgid, event.pc) {
-                self.processes.capture(event.tgid);
+            if event.pc == 0 || !self.processes.holds(event.tgid, event.tag, event.pc) {
+                self.processes.capture(event.tgid, Some(Life { tag: event.tag, start_ns: event.start_ns }));
             }
         }
         self.load_unwind_tables();

@@ -27,13 +27,19 @@ mod tests {
     fn finds_what_the_process_directory_shows_and_else_asks_its_threads() {
         let me = std::process::id();
         assert_eq!(first_showing(me, |dir| Some(dir.to_path_buf())), Some(PathBuf::from(format!("/proc/{me}"))));
-        // A thread of this process, as a worker seen when the main thread shows nothing.
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
-        let worker = std::thread::spawn(move || rx.recv().ok());
-        let shown = first_showing(me, |dir| dir.parent().is_some_and(|p| p.ends_with("task")).then(|| dir.to_path_buf()));
-        let shown = shown.expect("a thread's directory");
+        // A thread of this process, as a worker seen when the main thread shows nothing. (Only
+        // this one: the test harness's other threads may exit at any time.)
+        let ((tid_tx, tid_rx), (tx, rx)) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+        let worker = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tid_tx.send(unsafe { libc::gettid() }.to_string()).unwrap();
+            rx.recv().ok()
+        });
+        let tid = tid_rx.recv().unwrap();
+        let shown = first_showing(me, |dir| (dir.file_name()? == tid.as_str()).then(|| dir.to_path_buf()));
+        let shown = shown.expect("the worker's directory");
+        assert_eq!(shown, PathBuf::from(format!("/proc/{me}/task/{tid}")));
         assert!(fs::read_to_string(shown.join("maps")).unwrap().contains("[stack]"));
-        assert_ne!(shown.file_name().unwrap().to_str(), Some(me.to_string().as_str()), "not the main thread's own");
         tx.send(()).unwrap();
         worker.join().unwrap();
         assert_eq!(first_showing(u32::MAX, |dir| fs::read_to_string(dir.join("maps")).ok()), None, "no such process");

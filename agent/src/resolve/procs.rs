@@ -10,6 +10,7 @@ use std::{
 };
 
 use super::{
+    life::Life,
     open::{MappedId, Unopened, open_mapped},
     perf_map::{JitSymbol, PerfMap},
     proc_dir, vdso,
@@ -83,7 +84,12 @@ pub struct Process {
     mappings: Vec<Mapping>,
     /// Names of its JIT-compiled code, read when an address outside its files needs one.
     perf_map: PerfMap,
+    /// Marked gone at a sweep (or, for an earlier life, when the next life was read), and
+    /// forgotten at the next: one interval of grace for samples still in flight.
     pub exited: bool,
+    /// Which life of its pid this is (`SampleKey::process_tag`), if the kernel announced it;
+    /// None when read without an announcement (at start-up).
+    tag: Option<u16>,
 }
 
 impl Process {
@@ -102,6 +108,13 @@ impl Process {
         }
         found
     }
+}
+
+/// Which of a pid's lives (`ProcessTable::which`).
+#[derive(Clone, Copy)]
+enum Which {
+    Latest,
+    Earlier(usize),
 }
 
 /// Where a user address points.
@@ -180,7 +193,11 @@ pub fn running_processes() -> Vec<u32> {
 
 #[derive(Default)]
 pub struct ProcessTable {
+    /// Each pid's latest life.
     processes: HashMap<u32, Process>,
+    /// Earlier lives of pids whose next life (after an exec, or a new process that took the
+    /// pid) has been read, oldest first: their samples may still be drained.
+    earlier: HashMap<u32, Vec<Process>>,
     /// Binaries by (device, inode), shared between processes.
     binaries: HashMap<(u64, u64), Weak<Binary>>,
     /// The same binaries by the identity maps lines give them, where it is their own (not on
@@ -195,8 +212,9 @@ pub struct ProcessTable {
 }
 
 impl ProcessTable {
-    /// Reads (or re-reads, after exec) a process's mappings. Returns false if it is gone.
-    pub fn capture(&mut self, tgid: u32) -> bool {
+    /// Reads (or re-reads) a process's mappings, as those of `life` (None: a process not
+    /// announced, read at start-up). Returns false if it is gone.
+    pub fn capture(&mut self, tgid: u32, life: Option<Life>) -> bool {
         // A process that has exited but is not reaped yet reads as no mappings at all: that
         // is not its mappings, and must not replace the ones captured while it ran (it may be
         // announced again while it exits).
@@ -210,6 +228,12 @@ impl ProcessTable {
             }
             return false;
         };
+        // Announced, then gone before it was read, and its pid taken by a new process: these
+        // are not its mappings.
+        if life.is_some_and(|life| !life.still_holds(tgid)) {
+            self.unread.insert(tgid);
+            return false;
+        }
         let name = fs::read_to_string(format!("/proc/{tgid}/comm")).unwrap_or_default().trim().to_string();
         // Read after all (a read can fail while the process execs): not a loss.
         self.unread.remove(&tgid);
@@ -217,20 +241,30 @@ impl ProcessTable {
         for line in maps.lines().filter_map(MapsLine::parse).filter(|line| line.executable) {
             mappings.push(self.mapping(&dir, line));
         }
-        // Its perf map, read so far, stays (a runtime that execs another rewrites it).
-        let perf_map = self.processes.remove(&tgid).map(|p| p.perf_map).unwrap_or_default();
-        let mut process = Process { name, mappings, perf_map, exited: false };
+        let tag = life.map(|life| life.tag);
+        let perf_map = match self.processes.remove(&tgid) {
+            // The same life read again (it mapped code since), or the first announcement of
+            // one read at start-up: its perf map, read so far, stays.
+            Some(same) if same.tag == tag || same.tag.is_none() => same.perf_map,
+            Some(mut earlier) => {
+                earlier.exited = false;
+                self.earlier.entry(tgid).or_default().push(earlier);
+                PerfMap::default()
+            }
+            None => PerfMap::default(),
+        };
+        let mut process = Process { name, mappings, perf_map, exited: false, tag };
         process.find_python_trampolines(tgid);
         self.processes.insert(tgid, process);
         self.captured.push(tgid);
         true
     }
 
-    /// Whether a code mapping of `tgid` read so far holds `addr`. (Not its data mappings: a
-    /// library loaded later may take the place of one, as the first dlopen takes that of
-    /// ld.so.cache, which the loader unmaps once the program starts.)
-    pub fn holds(&self, tgid: u32, addr: u64) -> bool {
-        self.lookup(tgid, addr).is_some()
+    /// Whether a code mapping of `tgid`'s life `tag` read so far holds `addr`. (Not its data
+    /// mappings: a library loaded later may take the place of one, as the first dlopen takes
+    /// that of ld.so.cache, which the loader unmaps once the program starts.)
+    pub fn holds(&self, tgid: u32, tag: u16, addr: u64) -> bool {
+        self.lookup(tgid, tag, addr).is_some()
     }
 
     /// Processes captured since the last call, with their file-backed executable mappings.
@@ -345,23 +379,60 @@ impl ProcessTable {
         self.processes.len()
     }
 
-    pub fn get(&self, tgid: u32) -> Option<&Process> {
-        self.processes.get(&tgid)
+    /// The life of `tgid` that samples tagged `tag` were taken in.
+    pub fn get(&self, tgid: u32, tag: u16) -> Option<&Process> {
+        match self.which(tgid, tag)? {
+            Which::Latest => self.processes.get(&tgid),
+            Which::Earlier(i) => self.earlier.get(&tgid)?.get(i),
+        }
     }
 
-    /// Maps a user address of `tgid` to a binary and file offset. A miss on a live process
-    /// re-reads its mappings once (it may have loaded a library since it was captured).
-    pub fn resolve(&mut self, tgid: u32, addr: u64) -> UserAddress {
-        let mut found = self.lookup(tgid, addr);
-        if found.is_none() && self.processes.get(&tgid).is_none_or(|p| !p.exited) && self.capture(tgid) {
-            found = self.lookup(tgid, addr);
+    fn get_mut(&mut self, tgid: u32, tag: u16) -> Option<&mut Process> {
+        match self.which(tgid, tag)? {
+            Which::Latest => self.processes.get_mut(&tgid),
+            Which::Earlier(i) => self.earlier.get_mut(&tgid)?.get_mut(i),
+        }
+    }
+
+    /// Where the life of `tgid` tagged `tag` is: the one announced with that tag, else the
+    /// latest one read without an announcement. None if that life was never read (counted
+    /// with the processes that exited unread).
+    fn which(&self, tgid: u32, tag: u16) -> Option<Which> {
+        let earlier = self.earlier.get(&tgid).map_or(&[][..], Vec::as_slice);
+        let lives = || {
+            let latest = self.processes.get(&tgid).map(|p| (Which::Latest, p));
+            latest.into_iter().chain(earlier.iter().enumerate().rev().map(|(i, p)| (Which::Earlier(i), p)))
+        };
+        let found = lives().find(|(_, p)| p.tag == Some(tag)).or_else(|| lives().find(|(_, p)| p.tag.is_none()));
+        found.map(|(which, _)| which)
+    }
+
+    /// Maps a user address of `tgid`'s life `tag` to a binary and file offset. A miss in a
+    /// live process's latest life re-reads its mappings once (it may have loaded a library
+    /// since it was captured).
+    pub fn resolve(&mut self, tgid: u32, tag: u16, addr: u64) -> UserAddress {
+        let mut found = self.lookup(tgid, tag, addr);
+        if found.is_none() {
+            let reread = match (self.processes.get(&tgid), self.which(tgid, tag)) {
+                // Never read (its announcement was lost): read now.
+                (None, _) => Some(None),
+                (Some(latest), Some(Which::Latest)) if !latest.exited => Some(latest.tag.map(|tag| Life { tag, start_ns: 0 })),
+                (Some(_), None) => {
+                    self.unread.insert(tgid); // a life never read
+                    None
+                }
+                _ => None,
+            };
+            if reread.is_some_and(|life| self.capture(tgid, life)) {
+                found = self.lookup(tgid, tag, addr);
+            }
         }
         match found {
             Some(file @ UserAddress::File { .. }) => file,
             // Code outside the process's files may be JIT code its runtime named.
-            other => match self.processes.get_mut(&tgid).and_then(|p| p.perf_map.lookup(tgid, addr)) {
+            other => match self.get_mut(tgid, tag).and_then(|p| p.perf_map.lookup(tgid, addr)) {
                 Some(symbol) => {
-                    let process = self.processes.get_mut(&tgid).expect("looked up above");
+                    let process = self.get_mut(tgid, tag).expect("looked up above");
                     if symbol.name.starts_with("py::") && process.find_python_trampolines(tgid) && !self.captured.contains(&tgid) {
                         self.captured.push(tgid); // due for loading again, with them
                     }
@@ -372,9 +443,8 @@ impl ProcessTable {
         }
     }
 
-
-    fn lookup(&self, tgid: u32, addr: u64) -> Option<UserAddress> {
-        let mapping = self.processes.get(&tgid)?.mappings.iter().find(|m| m.start <= addr && addr < m.end)?;
+    fn lookup(&self, tgid: u32, tag: u16, addr: u64) -> Option<UserAddress> {
+        let mapping = self.get(tgid, tag)?.mappings.iter().find(|m| m.start <= addr && addr < m.end)?;
         let offset = addr - mapping.start + mapping.file_offset;
         Some(match &mapping.target {
             MappingTarget::File(binary) => UserAddress::File { binary: binary.clone(), file_offset: offset },
@@ -387,6 +457,10 @@ impl ProcessTable {
     pub fn sweep(&mut self) -> Vec<u32> {
         let forgotten: Vec<u32> = self.processes.iter().filter(|(_, p)| p.exited).map(|(tgid, _)| *tgid).collect();
         self.processes.retain(|_, p| !p.exited);
+        self.earlier.retain(|_, lives| {
+            lives.retain_mut(|p| !std::mem::replace(&mut p.exited, true));
+            !lives.is_empty()
+        });
         for (tgid, process) in self.processes.iter_mut() {
             process.exited = !fs::exists(format!("/proc/{tgid}")).unwrap_or(true);
         }
