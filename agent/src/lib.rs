@@ -8,6 +8,7 @@
 //! `run`, `record`, `unwind_table` and `pipeline` wire the stages together, and `governor`
 //! keeps `run`'s cost within its CPU budget. Imports only point down that list.
 mod cli;
+mod drain_schedule;
 mod encode;
 mod governor;
 mod kernel;

@@ -3,9 +3,10 @@
 use std::{io::IsTerminal, path::PathBuf, time::Duration};
 
 use anyhow::Result;
-use tokio::time::{interval, sleep_until, Instant, MissedTickBehavior};
+use tokio::time::{sleep_until, Instant};
 
 use crate::{
+    drain_schedule::DrainSchedule,
     encode::ProfileKind,
     kernel::preflight,
     ops::losses,
@@ -28,18 +29,18 @@ pub async fn record(settings: RecordSettings) -> Result<()> {
     tracing::info!(frequency = kernel.frequency, event = kernel.event.name(), duration = ?settings.duration, "profiling every CPU");
     let started = Instant::now();
     let deadline = started + settings.duration;
-    let mut drains = interval(DRAIN_EVERY.min(settings.duration));
-    drains.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    drains.tick().await;
+    let mut drains = DrainSchedule::new(DRAIN_EVERY.min(settings.duration));
     let progress = std::io::stderr().is_terminal();
     let mut recorded = ResolvedInterval::default();
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     loop {
+        let due = drains.next(resolver.sampler().ticks());
         tokio::select! {
             result = resolver.capture_new_processes() => result?,
-            _ = drains.tick() => {
+            _ = sleep_until(due) => {
                 recorded.merge(resolver.drain()?);
+                drains.drained();
                 if progress {
                     let events: u64 = recorded.samples.iter().map(|s| s.value.count).sum();
                     eprint!("\rrecording: {:.0}s / {:.0}s, {events} events ", started.elapsed().as_secs_f64(), settings.duration.as_secs_f64());

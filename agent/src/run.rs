@@ -3,9 +3,10 @@
 //! resolves the kernel's buffers and hands the interval to the pipeline. On SIGINT/SIGTERM the
 //! partial interval is flushed and shipped.
 use anyhow::{Context as _, Result};
-use tokio::time::{interval_at, Instant, MissedTickBehavior};
+use tokio::time::sleep_until;
 
 use crate::{
+    drain_schedule::DrainSchedule,
     governor::{self, Governor},
     kernel::preflight,
     ops::{losses, status},
@@ -56,15 +57,15 @@ pub async fn run(settings: RunSettings) -> Result<()> {
         files = ?settings.files.as_ref().map(|(dir, _)| dir), profiles = ?names,
         cpu_budget = ?settings.cpu_budget.map(|b| format!("{}%", b * 100.0)), "profiling every CPU"
     );
-    let mut ticks = interval_at(Instant::now() + settings.interval, settings.interval);
-    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut drains = DrainSchedule::new(settings.interval);
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     let mut stopping = false;
     while !stopping {
+        let due = drains.next(resolver.sampler().ticks());
         tokio::select! {
             result = resolver.capture_new_processes() => { result?; continue; }
-            _ = ticks.tick() => {}
+            _ = sleep_until(due) => {}
             _ = &mut shutdown => {
                 tracing::info!("stopping: flushing the partial interval");
                 resolver.stop_programs();
@@ -72,6 +73,7 @@ pub async fn run(settings: RunSettings) -> Result<()> {
             }
         }
         let mut interval = resolver.drain()?;
+        drains.drained();
         if let Some(governor) = governor.as_mut() {
             governor.govern(resolver.sampler(), &mut interval)?;
         }

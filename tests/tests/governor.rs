@@ -117,3 +117,41 @@ fn a_tiny_cpu_budget_holds_on_a_switch_heavy_host_and_totals_stay_true() {
     let error = (fixture_ns as f64 / 1e9 - run.cpu_seconds).abs() / run.cpu_seconds;
     assert!(error <= bound, "on-CPU profiles hold {:.2} s of the fixture, it used {:.2} s (bound {bound:.3})", fixture_ns as f64 / 1e9, run.cpu_seconds);
 }
+
+/// At the lowest rate (1 Hz) the sampler's clock ticks once a second on every CPU. The
+/// governor sets that rate during a drain, so the ticks fall at a fixed point of each
+/// interval: drains there would find every tick while the agent itself runs, and sample it
+/// (or nothing: the kernel skips the sampling program while a map update is under way)
+/// instead of the workload. With every CPU busy with the workload, nearly every tick must
+/// find it.
+#[test]
+fn at_the_lowest_rate_ticks_do_not_fall_in_step_with_the_drains() {
+    require_root();
+    let dir = TempDir::new("governor-ticks");
+    let out = dir.path("profiles");
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    let mut fixtures: Vec<Fixture> = (0..cpus).map(|_| Fixture::spawn(FIXTURE, "split", 20.0)).collect();
+    // A budget the agent's own CPU exceeds: the governor goes to the lowest rates at once.
+    let args = ["run", "--events", "cpu", "-F", "999", "--interval", "1s", "--cpu-budget", "0.05%"];
+    let mut agent = Agent::spawn(&[&args[..], &["--output-dir", out.to_str().unwrap()]].concat());
+    agent.wait_ready();
+    fixtures.iter_mut().for_each(Fixture::start);
+    let pids: Vec<String> = fixtures.iter().map(|f| f.pid().to_string()).collect();
+    for fixture in fixtures {
+        fixture.finish();
+    }
+    agent.signal(libc::SIGINT);
+    agent.wait_success(Duration::from_secs(30));
+    let mut cpu = Decoded::read_kind(&out, "cpu");
+    cpu.sort_by_key(|p| p.profile.time_nanos);
+    // Whole intervals at 1 Hz, after the one the rate changed in.
+    let at_floor: Vec<&Decoded> = cpu.iter().filter(|p| p.comment_field("ember.frequency") == Some("1")).skip(1).collect();
+    let (samples, seconds): (i64, f64) = at_floor[..at_floor.len().saturating_sub(1)]
+        .iter()
+        .map(|p| (pids.iter().map(|pid| Decoded::total(&p.samples_labelled("pid", pid))).sum::<i64>(), p.profile.duration_nanos as f64 / 1e9))
+        .fold((0, 0.0), |(n, s), (dn, ds)| (n + dn, s + ds));
+    let ticks = seconds * cpus as f64;
+    println!("{} intervals at 1 Hz: {samples} samples of the workload in {ticks:.1} CPU-seconds", at_floor.len());
+    assert!(seconds >= 10.0, "only {seconds:.1} s at 1 Hz: the governor did not go to the lowest rate");
+    assert!(samples as f64 >= 0.9 * ticks, "{samples} samples of the workload in {ticks:.1} CPU-seconds of 1 Hz ticks");
+}

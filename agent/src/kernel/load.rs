@@ -153,7 +153,7 @@ impl Sampler {
             prog.load().map_err(|e| anyhow::anyhow!("loading {}: {e}{}", names::PROG_SAMPLE, chain(&e)))?;
             log_verified(names::PROG_SAMPLE, prog.info());
             let cpus = online_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))?;
-            let mut perf = PerfSampling { event: settings.event, cpus, links: vec![] };
+            let mut perf = PerfSampling::new(settings.event, cpus);
             perf.attach(prog, settings.frequency)?;
             Some(perf)
         } else {

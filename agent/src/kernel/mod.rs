@@ -20,7 +20,7 @@ pub use announce::Announcements;
 pub use drain::{Counters, RawInterval, Stack};
 pub use events::{Event, KernelSettings, NetEvent, OffCpuSettings};
 pub use load::Sampler;
-pub use rates::{Overhead, SamplingRates};
+pub use rates::{Overhead, SamplingRates, TickPhase};
 pub use unwind_maps::UnwindMaps;
 #[cfg(fuzzing)]
 pub use btf::Btf;
