@@ -15,7 +15,7 @@ const AGENT: &[&[&str]] = &[
     &["symbolize"],
     &["encode"],
     &["ship"],
-    &["pipeline", "governor"],
+    &["pipeline", "governor", "drain_schedule"],
     &["main", "lib", "fuzz", "cli", "settings", "run", "record", "unwind_table"],
 ];
 
