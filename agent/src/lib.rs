@@ -5,8 +5,9 @@
 //! The modules follow the data flow (see design.md): `kernel` -> `unwind` -> `resolve` ->
 //! `symbolize` -> `encode` -> `ship`, with `ops` (metrics, status, losses) beside them. `cli`
 //! and `settings` turn the command line and the config file into what the stages receive;
-//! `run`, `record`, `unwind_table` and `pipeline` wire the stages together, and `governor`
-//! keeps `run`'s cost within its CPU budget. Imports only point down that list.
+//! `run`, `record`, `unwind_table` and `pipeline` wire the stages together, `governor`
+//! keeps `run`'s cost within its CPU budget, and `drain_schedule` times the drains between
+//! the on-CPU sampler's ticks. Imports only point down that list.
 mod cli;
 mod drain_schedule;
 mod encode;

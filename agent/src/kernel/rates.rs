@@ -103,8 +103,10 @@ impl Sampler {
         self.perf.as_ref().filter(|perf| perf.event.is_clock()).map(|perf| perf.ticks)
     }
 
-    /// Applies new rates now. A new frequency re-opens the perf events: the samples lost
-    /// between the two are a few microseconds' worth, and each sample weighs its own period.
+    /// Applies new rates now. A new frequency re-opens the perf events, and each sample
+    /// weighs its own period. What the old events ran since their last tick no sample stands
+    /// for: half an old period per CPU, as drains fall halfway between ticks (0.5 ms at
+    /// 999 Hz, 0.5 s at 1 Hz; BENCHMARKS.md, session 20).
     pub fn set_rates(&mut self, rates: SamplingRates) -> Result<()> {
         if rates.frequency != self.rates.frequency {
             if let (Some(ebpf), Some(perf)) = (self.ebpf.as_mut(), self.perf.as_mut()) {
