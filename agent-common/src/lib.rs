@@ -282,6 +282,9 @@ pub const MAX_MAPPINGS: u32 = 1024;
 pub struct ProcessMappings {
     pub first: u32,
     pub count: u32,
+    /// Tells this load of the mappings from every other (of any process): the walker keeps
+    /// rows found under it, which hold for no other. Never 0.
+    pub generation: u32,
 }
 
 /// Indices of the per-CPU counter array of each buffer set. Every sample the program sees is

@@ -6,15 +6,17 @@
 //! `main` at least as often (to 1%) as perf's, and split the time as the fixture measured it.
 //! Off-CPU (usleep) and network (sendto) stacks through libc must be complete too. A binary
 //! left out of the table budget is walked by frame pointers, and counted, until room appears.
+//! Rows the walker keeps per CPU never serve another process with code at the same address.
 //! Needs root, gcc, rustc and perf.
 use std::{
-    path::Path,
+    os::unix::process::CommandExt as _,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use ember_tests::{
-    fetch_metrics, held, kind_path, metric,
+    compile_c, fetch_metrics, held, kind_path, metric,
     nofp::{self, PHASES},
     perf_script, record_fixtures, release, require_root, transport::free_address, wait_for_metric, Agent, Decoded, Fixture, Sample, TempDir,
 };
@@ -410,4 +412,68 @@ fn idle_tables_are_kept_for_the_next_run_and_evicted_when_space_is_needed() {
         let (reached, total) = weighted(&spin, |frames| reaches(frames, "main"));
         assert!(total > 0 && reached as f64 >= 0.99 * total as f64, "{run}: {reached} of {total} samples in phase_spin reach main");
     }
+}
+
+/// The walker keeps the rows it found, per CPU, for the walks that follow there; a kept row
+/// holds for the process whose mappings it was found under, and no other. Two programs with
+/// the same code at the same addresses, but frames of different sizes, take turns on one CPU:
+/// each must be walked by its own rows, or its callers are read from the wrong place.
+#[test]
+fn rows_kept_for_one_process_are_never_used_for_another_at_the_same_address() {
+    require_root();
+    let dir = TempDir::new("nofp-frame-size");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/nofp/frame_size.c");
+    let programs: Vec<PathBuf> = [16, 64]
+        .iter()
+        .map(|size| {
+            let out = dir.path(&format!("frame_{size}"));
+            compile_c(&source, &out, &["-O2", "-fomit-frame-pointer", "-no-pie", &format!("-DFRAME={size}")]);
+            out
+        })
+        .collect();
+    let symbols = |program: &Path| {
+        let out = Command::new("nm").arg("-S").arg(program).output().expect("running nm");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut wanted: Vec<String> = text.lines().filter(|l| [" hot", " outer", " main"].iter().any(|s| l.ends_with(s))).map(String::from).collect();
+        wanted.sort();
+        wanted
+    };
+    let (first, second) = (symbols(&programs[0]), symbols(&programs[1]));
+    assert!(first.len() == 3 && first == second, "the two builds do not share their code's addresses and sizes: {first:?} {second:?}");
+
+    let mut workloads: Vec<Child> = programs.iter().map(|program| on_cpu_zero(program, "8")).collect();
+    let out = dir.path("p.pb.gz");
+    let pids: Vec<String> = workloads.iter().map(|w| w.id().to_string()).collect();
+    let agent = Agent::spawn(&["record", "-d", "4s", "-F", "999", "--pid", &pids[0], "--pid", &pids[1], "-o", out.to_str().unwrap()]);
+    agent.wait_success(Duration::from_secs(30));
+    for workload in &mut workloads {
+        workload.kill().ok();
+        workload.wait().ok();
+    }
+    let profile = Decoded::read(&out);
+    for workload in &workloads {
+        let samples = profile.samples_of(workload.id());
+        let (walked, total) = weighted(&samples, |frames| frames.windows(3).any(|w| w == ["hot", "outer", "main"]));
+        println!("pid {}: {walked} of {total} samples through hot, outer and main", workload.id());
+        assert!(total > 500, "only {total} samples of pid {}", workload.id());
+        assert!(walked as f64 >= 0.99 * total as f64, "{walked} of {total} samples of pid {} walk through hot, outer and main", workload.id());
+    }
+}
+
+/// `program seconds`, on CPU 0 only.
+fn on_cpu_zero(program: &Path, seconds: &str) -> Child {
+    let mut command = Command::new(program);
+    command.arg(seconds);
+    // SAFETY: only an async-signal-safe system call between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(0, &mut set);
+            match libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        })
+    };
+    command.spawn().unwrap_or_else(|e| panic!("starting {}: {e}", program.display()))
 }

@@ -16,6 +16,8 @@ pub struct UnwindMaps {
     pages: Array<MapData, PageRows>,
     mappings: Array<MapData, ExecMapping>,
     processes: BpfHashMap<MapData, u32, ProcessMappings>,
+    /// The last `ProcessMappings::generation` handed out.
+    generation: u32,
 }
 
 impl UnwindMaps {
@@ -25,7 +27,7 @@ impl UnwindMaps {
         mappings: Array<MapData, ExecMapping>,
         processes: BpfHashMap<MapData, u32, ProcessMappings>,
     ) -> UnwindMaps {
-        UnwindMaps { rows, pages, mappings, processes }
+        UnwindMaps { rows, pages, mappings, processes, generation: 0 }
     }
 
     /// Rows the row array holds (the table memory budget).
@@ -51,7 +53,9 @@ impl UnwindMaps {
     /// Writes a process's mappings from index `first`, then points the process at them.
     pub fn set_process(&mut self, tgid: u32, first: u32, mappings: &[ExecMapping]) -> Result<()> {
         write(&self.mappings, first, mappings).context("writing process mappings")?;
-        let entry = ProcessMappings { first, count: mappings.len() as u32 };
+        // Wraps after 4 billion loads; 0 means none.
+        self.generation = self.generation.checked_add(1).unwrap_or(1);
+        let entry = ProcessMappings { first, count: mappings.len() as u32, generation: self.generation };
         self.processes.insert(tgid, entry, 0).with_context(|| format!("loading the mappings of process {tgid}"))
     }
 
