@@ -84,7 +84,8 @@ pub struct OffCpuStart {
     pub start_ns: u64,
     /// What the block counts for: the off-CPU sampling ratio when it was sampled.
     pub weight: u32,
-    pub _pad: u32,
+    /// The buffer set generation the stacks were captured in.
+    pub generation: u32,
 }
 
 /// Sampling ratios the governor sets while the programs run: one event in `ratio` is

@@ -506,12 +506,22 @@ fn switch_out(ctx: &TracePointContext, set: &BufferSet, state: u64, now: u64) ->
     }
     let mut key = current_key(kind::OFF_CPU, set);
     key.aux = class;
-    walk::capture(set, tgid, &mut key);
+    let last = OFF_CPU_START.get_ptr_mut(&key.pid);
+    match walk::walk(set, tgid, None) {
+        // Most blocks repeat the thread's last one: if that was in this interval, its user
+        // stack is stored already.
+        Ok(walked) if last.is_some_and(|last| unsafe { (*last).generation == set.generation && walked.is_named_in(&(*last).key) }) => {
+            walked.name_in(&mut key)
+        }
+        Ok(walked) => walk::store(set, walked, &mut key),
+        Err(status) => key.user_stack_id = status,
+    }
     key.kernel_stack_id = kernel_stack_id(ctx, set);
-    let start = OffCpuStart { key, start_ns: now, weight: ratio, _pad: 0 };
+    let start = OffCpuStart { key, start_ns: now, weight: ratio, generation: set.generation };
     // A thread that blocked before keeps its entry, emptied when it woke: it is rewritten in
-    // place, which costs less than the map's delete at switch-in and insert here.
-    match OFF_CPU_START.get_ptr_mut(&key.pid) {
+    // place, which costs less than the map's delete at switch-in and insert here. (Only this
+    // thread's exit deletes it.)
+    match last {
         Some(entry) => unsafe { *entry = start },
         None => {
             if OFF_CPU_START.insert(&key.pid, &start, BPF_NOEXIST as u64).is_err() {

@@ -142,6 +142,12 @@ impl Walked {
         key.user_stack_id = self.id as i32;
         key.user_stack_check = self.check;
     }
+
+    /// Whether the key names this stack (as `name_in` would).
+    #[inline(always)]
+    pub fn is_named_in(self, key: &SampleKey) -> bool {
+        key.user_stack_id == self.id as i32 && key.user_stack_check == self.check
+    }
 }
 
 /// Walks and stores the user stack of the current task, and names it in the key.
