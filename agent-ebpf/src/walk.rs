@@ -205,7 +205,7 @@ pub fn walk(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> Result<Walked
     // the verifier. A walk through unknown code ends there or soon after. The last frame's
     // row may have been a kept one, found in a mapping other than the last one searched.
     if mappings.count > 0 && !unsafe { (*scratch).mapping.covers(walk.pc) } {
-        let looked_up = if stack.len > 1 { walk.pc.wrapping_sub(1) } else { walk.pc };
+        let looked_up = looked_up(walk.pc, (stack.len as u64).saturating_sub(1));
         let kept = unsafe { &(*scratch).rows[KeptRow::slot(looked_up)] };
         if !kept.holds(looked_up, mappings.generation) {
             announce_unmapped(tgid, walk.pc, set);
@@ -283,9 +283,7 @@ extern "C" fn step(index: u64, context: *mut c_void) -> i64 {
     stack.len += 1;
     walk.hash = mix(walk.hash, walk.pc);
     walk.check = mix(walk.check.rotate_left(23), walk.pc);
-    // A return address points after its call, which may be the last instruction of the
-    // function: its rule is the one of the address before.
-    let pc = if index == 0 { walk.pc } else { walk.pc.wrapping_sub(1) };
+    let pc = looked_up(walk.pc, index);
     match caller(walk, pc) {
         Ok((pc, sp, bp)) => {
             (walk.pc, walk.sp, walk.bp) = (pc, sp, bp);
@@ -296,6 +294,14 @@ extern "C" fn step(index: u64, context: *mut c_void) -> i64 {
             1
         }
     }
+}
+
+/// The address whose row holds for frame `index` at `pc`. A return address (every frame but
+/// the leaf) points after its call, which may be the last instruction of the function: its
+/// rule is the one of the address before.
+#[inline(always)]
+fn looked_up(pc: u64, index: u64) -> u64 {
+    if index == 0 { pc } else { pc.wrapping_sub(1) }
 }
 
 /// The caller's pc, sp and rbp, or why there is none.
