@@ -418,6 +418,8 @@ pub struct TaskLayout {
     pub start_boottime: u32,
     /// `self_exec_id` (u64): counts the execs of the task and its ancestors.
     pub self_exec_id: u32,
+    /// `comm` (COMM_LEN bytes): the thread's name.
+    pub comm: u32,
 }
 
 /// Map and global names, used by the BPF object and looked up by the loader.
@@ -476,6 +478,8 @@ pub mod names {
     pub const PROG_EXIT: &str = "process_exit";
     pub const PROG_FORK: &str = "process_fork";
     pub const PROG_SWITCH: &str = "sched_switch";
+    /// Attached to every tracepoint of a task's move to another cgroup.
+    pub const PROG_CGROUP_MOVED: &str = "cgroup_moved";
     /// Network programs by kind, from `kind::FIRST_NET`, with their tracepoints.
     pub const NET_PROGRAMS: [(&str, &str, &str); 6] = [
         ("net_dev_queue", "net", "net_dev_queue"),

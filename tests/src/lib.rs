@@ -144,8 +144,9 @@ pub fn cgroup2_root() -> PathBuf {
         .expect("no cgroup2 filesystem mounted")
 }
 
-/// cgroups a test makes under the cgroup2 root, inside one parent named for the test process,
-/// removed deepest first on drop (after the processes in them have exited).
+/// cgroups a test makes under the cgroup2 root, inside a parent of its own (named for the
+/// test process and numbered: tests of one binary run at once), removed deepest first on drop
+/// (after the processes in them have exited).
 pub struct TestCgroups {
     root: PathBuf,
     made: Vec<PathBuf>,
@@ -153,7 +154,9 @@ pub struct TestCgroups {
 
 impl TestCgroups {
     pub fn new() -> TestCgroups {
-        TestCgroups { root: cgroup2_root().join(format!("ember-test-{}", std::process::id())), made: vec![] }
+        static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        TestCgroups { root: cgroup2_root().join(format!("ember-test-{}-{n}", std::process::id())), made: vec![] }
     }
 
     /// The parent's path relative to the cgroup2 root, as the agent labels it.

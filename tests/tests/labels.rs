@@ -1,10 +1,13 @@
 //! Target labels end to end: fixture processes run in cgroups named the way kubelet's systemd
 //! driver and docker name theirs; the agent labels their samples with pod uid, QoS class,
 //! container id and runtime, applies relabel rules from its config file, and counts what the
-//! rules drop. The cgroups are made after the agent starts and removed afterwards.
+//! rules drop. The cgroups are made after the agent starts and removed afterwards. A process
+//! moved to another cgroup is labelled with it from the move on.
 use std::time::Duration;
 
-use ember_tests::{require_root, transport::stop_agent, Agent, Decoded, Fixture, TempDir, TestCgroups};
+use ember_tests::{
+    compile_c, held, release, require_root, spin_c, transport::stop_agent, Agent, Decoded, Fixture, TempDir, TestCgroups,
+};
 
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
 
@@ -49,6 +52,7 @@ fn samples_carry_pod_qos_container_and_runtime_labels_and_relabel_rules_apply() 
     in_docker.finish();
     std::thread::sleep(Duration::from_millis(1500));
     stop_agent(agent);
+    let parent = cgroups.parent();
     drop(cgroups);
 
     let profiles = Decoded::read_kind(&local, "cpu");
@@ -73,9 +77,41 @@ fn samples_carry_pod_qos_container_and_runtime_labels_and_relabel_rules_apply() 
         assert_eq!(label("pod_uid"), None);
     }
     // The keep rule dropped everything else on the host, and said how much.
-    let parent = format!("/ember-test-{tag}/");
+    let parent = format!("{parent}/");
     let strays = profiles.iter().flat_map(|p| &p.samples).filter(|s| !s.labels["cgroup"].starts_with(&parent)).count();
     assert_eq!(strays, 0, "samples outside the kept targets");
     let dropped: u64 = profiles.iter().map(|p| p.counter("relabel_dropped")).sum();
     assert!(dropped > 0, "the agent's own samples must have been dropped by the keep rule, and counted");
+}
+
+/// Each CPU keeps a thread's cgroup id from one sample to the next (it lies four pointers
+/// away from the task); a move to another cgroup must show in the samples from the move on.
+#[test]
+fn a_process_moved_to_another_cgroup_is_labelled_with_the_new_one_from_the_move() {
+    require_root();
+    let dir = TempDir::new("cgroup-move");
+    let (source, spin) = (dir.path("spin.c"), dir.path("spin"));
+    std::fs::write(&source, spin_c("spin", "")).unwrap();
+    compile_c(&source, &spin, &["-O1"]);
+    let mut cgroups = TestCgroups::new();
+    let (from, to) = (cgroups.create("from"), cgroups.create("to"));
+    let mut workload = held(&spin, &["4"]);
+    let pid = workload.id();
+    cgroups.enter("from", pid);
+    let out = dir.path("p.pb.gz");
+    let mut agent = Agent::spawn(&["record", "-d", "6s", "-F", "999", "--pid", &pid.to_string(), "-o", out.to_str().unwrap()]);
+    agent.wait_ready();
+    release(&mut workload);
+    std::thread::sleep(Duration::from_secs(2));
+    cgroups.enter("to", pid);
+    assert!(workload.wait().unwrap().success());
+    agent.wait_success(Duration::from_secs(30));
+
+    let profile = Decoded::read(&out);
+    let in_cgroup = |cgroup: &str| Decoded::total(&profile.samples_labelled("cgroup", cgroup));
+    let (before, after, total) = (in_cgroup(&from), in_cgroup(&to), Decoded::total(&profile.samples_of(pid)));
+    println!("{before} samples in {from}, {after} in {to}, of {total}");
+    // Two seconds of spinning on each side of the move, at 999 Hz.
+    assert!(total >= 1000 && before + after == total, "{before} samples in {from}, {after} in {to}, of {total}");
+    assert!(before >= total / 4 && after >= total / 4, "{before} samples in {from} and {after} in {to}: the move shows late or never");
 }

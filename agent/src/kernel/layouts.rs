@@ -20,12 +20,14 @@ pub(super) fn switch_layout() -> Result<SwitchLayout> {
     })
 }
 
-/// Where a task keeps what tells its process's lives apart (`SampleKey::process_tag`).
+/// Where a task keeps what tells its process's lives apart (`SampleKey::process_tag`), and its
+/// name.
 pub(super) fn task_layout(btf: &Btf) -> Result<TaskLayout> {
     Ok(TaskLayout {
         group_leader: btf.member_offset("task_struct", "group_leader")?,
         start_boottime: btf.member_offset("task_struct", "start_boottime")?,
         self_exec_id: btf.member_offset("task_struct", "self_exec_id")?,
+        comm: btf.member_offset("task_struct", "comm")?,
     })
 }
 

@@ -131,6 +131,9 @@ impl Sampler {
         attach_tracepoint(&mut ebpf, names::PROG_EXEC, "sched", "sched_process_exec")?;
         attach_tracepoint(&mut ebpf, names::PROG_EXIT, "sched", "sched_process_exit")?;
         attach_tracepoint(&mut ebpf, names::PROG_FORK, "sched", "sched_process_fork")?;
+        // Cgroup v2 moves, and v1's transfers of a cgroup's tasks: the programs keep each
+        // thread's cgroup id until one of these.
+        attach_tracepoints(&mut ebpf, names::PROG_CGROUP_MOVED, &[("cgroup", "cgroup_attach_task"), ("cgroup", "cgroup_transfer_tasks")])?;
         if settings.off_cpu.is_some() {
             attach_tracepoint(&mut ebpf, names::PROG_SWITCH, "sched", "sched_switch")?;
         }
@@ -220,14 +223,21 @@ impl Sampler {
     }
 }
 
-/// Loads and attaches one tracepoint program.
-fn attach_tracepoint(ebpf: &mut Ebpf, program: &str, category: &str, name: &str) -> Result<()> {
+/// Loads one tracepoint program and attaches it to each of `tracepoints` (category, name).
+fn attach_tracepoints(ebpf: &mut Ebpf, program: &str, tracepoints: &[(&str, &str)]) -> Result<()> {
     let prog: &mut TracePoint = ebpf.program_mut(program).context("program missing")?.try_into()?;
     prog.load().map_err(|e| anyhow::anyhow!("loading {program}: {e}{}", chain(&e)))?;
     log_verified(program, prog.info());
-    prog.attach(category, name)
-        .map_err(|e| anyhow::anyhow!("attaching to tracepoint {category}:{name}: {e}{}", chain(&e)))?;
+    for &(category, name) in tracepoints {
+        prog.attach(category, name)
+            .map_err(|e| anyhow::anyhow!("attaching to tracepoint {category}:{name}: {e}{}", chain(&e)))?;
+    }
     Ok(())
+}
+
+/// Loads and attaches one tracepoint program.
+fn attach_tracepoint(ebpf: &mut Ebpf, program: &str, category: &str, name: &str) -> Result<()> {
+    attach_tracepoints(ebpf, program, &[(category, name)])
 }
 
 /// Logs how many instructions the verifier processed for a program, of the 1,000,000 it
