@@ -469,6 +469,8 @@ pub mod names {
     pub const OFF_CPU_MAX_NS: &str = "OFF_CPU_MAX_NS";
     /// Global: non-zero when the programs time themselves (`counter::RUN_NS`).
     pub const MEASURE_RUN_TIME: &str = "MEASURE_RUN_TIME";
+    /// Per CPU: what a closed on-CPU event ran after its last tick, for the next sample.
+    pub const REOPEN_CARRY: &str = "REOPEN_CARRY";
     /// `Rates` (one entry), rewritten while the programs run.
     pub const RATES: &str = "RATES";
     /// Global: `[FieldLayout; 6]`, one per network kind from `kind::FIRST_NET`.

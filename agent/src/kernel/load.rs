@@ -152,11 +152,12 @@ impl Sampler {
         let mut rates_map: Array<_, Rates> = Array::try_from(take(&mut ebpf, names::RATES)?)?;
         rates_map.set(0, rates.kernel(), 0).context("writing sampling ratios")?;
         let perf = if settings.cpu {
+            let carry = PerCpuArray::try_from(take(&mut ebpf, names::REOPEN_CARRY)?)?;
             let prog: &mut PerfEvent = ebpf.program_mut(names::PROG_SAMPLE).context("program missing")?.try_into()?;
             prog.load().map_err(|e| anyhow::anyhow!("loading {}: {e}{}", names::PROG_SAMPLE, chain(&e)))?;
             log_verified(names::PROG_SAMPLE, prog.info());
             let cpus = online_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))?;
-            let mut perf = PerfSampling::new(settings.event, cpus);
+            let mut perf = PerfSampling::new(settings.event, cpus, carry);
             perf.attach(prog, settings.frequency)?;
             Some(perf)
         } else {

@@ -7,9 +7,12 @@ use std::time::{Duration, Instant};
 
 use agent_common::{names, Rates};
 use anyhow::{Context as _, Result};
-use aya::programs::{
-    perf_event::{PerfEventLinkId, PerfEventScope, SamplePolicy},
-    PerfEvent,
+use aya::{
+    maps::{MapData, PerCpuArray, PerCpuValues},
+    programs::{
+        perf_event::{PerfEventLinkId, PerfEventScope, SamplePolicy},
+        PerfEvent,
+    },
 };
 
 use super::{events::Event, load::Sampler};
@@ -47,14 +50,18 @@ impl Overhead {
 pub(super) struct PerfSampling {
     pub(super) event: Event,
     pub(super) cpus: Vec<u32>,
-    pub(super) links: Vec<PerfEventLinkId>,
+    /// Each CPU's event (in the order of `cpus`), and when it was opened.
+    pub(super) links: Vec<(PerfEventLinkId, Instant)>,
     /// When the clock events' ticks fall, as of the last attach.
     pub(super) ticks: TickPhase,
+    /// Per CPU, what a closed event ran after its last tick (`names::REOPEN_CARRY`).
+    pub(super) carry: PerCpuArray<MapData, u64>,
 }
 
 impl PerfSampling {
-    pub(super) fn new(event: Event, cpus: Vec<u32>) -> PerfSampling {
-        PerfSampling { event, cpus, links: Vec::new(), ticks: TickPhase { start: Instant::now(), period: Duration::from_secs(1) } }
+    pub(super) fn new(event: Event, cpus: Vec<u32>, carry: PerCpuArray<MapData, u64>) -> PerfSampling {
+        let ticks = TickPhase { start: Instant::now(), period: Duration::from_secs(1) };
+        PerfSampling { event, cpus, links: Vec::new(), ticks, carry }
     }
 
     /// Opens the event on every CPU at `frequency` and attaches the program to each.
@@ -64,7 +71,8 @@ impl PerfSampling {
             let link = prog
                 .attach(self.event.config(), PerfEventScope::AllProcessesOneCpu { cpu }, SamplePolicy::Frequency(frequency), false)
                 .map_err(|e| super::load::perf_open_error(self.event, cpu, &e))?;
-            self.links.push(link);
+            // A clock event starts ticking once enabled, just before `attach` returns.
+            self.links.push((link, Instant::now()));
         }
         // A clock event ticks a period after it is opened, then every period (the kernel
         // turns the frequency into a fixed period). The CPUs' events were opened one after
@@ -72,6 +80,23 @@ impl PerfSampling {
         let start = opening + Instant::now().duration_since(opening) / 2;
         self.ticks = TickPhase { start, period: Duration::from_nanos(1_000_000_000 / frequency.max(1)) };
         Ok(())
+    }
+
+    /// Closes the events and opens them at `frequency`. What a closed clock event ran after
+    /// its last tick (half a period on average: 0.5 s per CPU at 1 Hz) no sample of it stands
+    /// for: it is handed to the first sample of the new event on the CPU.
+    pub(super) fn reopen(&mut self, prog: &mut PerfEvent, frequency: u64, nr_cpus: usize) -> Result<()> {
+        let period = self.ticks.period.as_nanos().max(1);
+        let mut carry = vec![0u64; nr_cpus];
+        for (&cpu, (link, opened)) in self.cpus.iter().zip(std::mem::take(&mut self.links)) {
+            prog.detach(link).context("detaching the on-CPU sampler")?;
+            if let Some(slot) = carry.get_mut(cpu as usize).filter(|_| self.event.is_clock()) {
+                *slot = (opened.elapsed().as_nanos() % period) as u64;
+            }
+        }
+        // No event runs now: nothing else writes the map.
+        self.carry.set(0, PerCpuValues::try_from(carry)?, 0).context("writing the on-CPU re-open carry")?;
+        self.attach(prog, frequency)
     }
 }
 
@@ -103,18 +128,13 @@ impl Sampler {
         self.perf.as_ref().filter(|perf| perf.event.is_clock()).map(|perf| perf.ticks)
     }
 
-    /// Applies new rates now. A new frequency re-opens the perf events, and each sample
-    /// weighs its own period. What the old events ran since their last tick no sample stands
-    /// for: half an old period per CPU, as drains fall halfway between ticks (0.5 ms at
-    /// 999 Hz, 0.5 s at 1 Hz; BENCHMARKS.md, session 20).
+    /// Applies new rates now. A new frequency re-opens the perf events (`PerfSampling::reopen`),
+    /// and each sample weighs its own period.
     pub fn set_rates(&mut self, rates: SamplingRates) -> Result<()> {
         if rates.frequency != self.rates.frequency {
             if let (Some(ebpf), Some(perf)) = (self.ebpf.as_mut(), self.perf.as_mut()) {
                 let prog: &mut PerfEvent = ebpf.program_mut(names::PROG_SAMPLE).context("program missing")?.try_into()?;
-                for link in perf.links.drain(..) {
-                    prog.detach(link).context("detaching the on-CPU sampler")?;
-                }
-                perf.attach(prog, rates.frequency)?;
+                perf.reopen(prog, rates.frequency, self.nr_cpus)?;
             }
         }
         self.rates_map.set(0, rates.kernel(), 0).context("writing sampling ratios")?;
@@ -125,7 +145,86 @@ impl Sampler {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    };
+
+    use agent_common::kind;
+
     use super::*;
+    use crate::kernel::KernelSettings;
+
+    /// CPU time of this process so far (ns).
+    fn process_cpu_ns() -> u64 {
+        let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) }, 0);
+        t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+    }
+
+    /// A thread per CPU, pinned there, spinning until `stop`.
+    fn spin_on_every_cpu(stop: &Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
+        let cpus = std::thread::available_parallelism().unwrap().get();
+        (0..cpus)
+            .map(|cpu| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+                    unsafe { libc::CPU_SET(cpu, &mut set) };
+                    assert_eq!(unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) }, 0);
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect()
+    }
+
+    /// The real programs and perf events (needs root): threads keep every CPU busy while the
+    /// frequency changes between low rates, at times that fall anywhere between ticks. What
+    /// their samples add up to is the CPU time they used: a re-opened event's first sample
+    /// covers what the old one ran after its last tick. With each sample weighing its own
+    /// period, some half an old period per CPU and change went missing (13% here).
+    #[test]
+    fn frequency_changes_lose_no_on_cpu_time() {
+        assert_eq!(unsafe { libc::geteuid() }, 0, "this test loads BPF programs: run it as root");
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let _entered = runtime.enter();
+        let stop = Arc::new(AtomicBool::new(false));
+        let spinners = spin_on_every_cpu(&stop);
+        let settings = KernelSettings {
+            cpu: true,
+            event: Event::CpuClock,
+            frequency: 97,
+            off_cpu: None,
+            net: Vec::new(),
+            max_keys: 4096,
+            max_stacks: 4096,
+            unwind_rows: 4096,
+            pids: vec![std::process::id()],
+            cgroup_id: None,
+            measure_run_time: false,
+        };
+        let (mut sampler, _announcements, _unwind_maps) = Sampler::start(&settings).expect("starting the sampler");
+        let cpu_from = process_cpu_ns();
+        // 16 changes between 5 and 11 Hz, 0.45 s apart, then a last one to 97 Hz, whose short
+        // period leaves little of the end unsampled.
+        for change in 0..17 {
+            std::thread::sleep(Duration::from_millis(450));
+            let frequency = if change == 16 { 97 } else if change % 2 == 0 { 5 } else { 11 };
+            sampler.set_rates(SamplingRates { frequency, ..sampler.rates() }).expect("changing the frequency");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let cpu_ns = process_cpu_ns() - cpu_from;
+        let interval = sampler.drain().expect("draining");
+        stop.store(true, Ordering::Relaxed);
+        spinners.into_iter().for_each(|t| t.join().unwrap());
+        let pid = std::process::id();
+        let sampled_ns: u64 = interval.counts.iter().filter(|(k, _)| k.tgid == pid && k.kind == kind::ON_CPU).map(|(_, v)| v.total).sum();
+        let ratio = sampled_ns as f64 / cpu_ns as f64;
+        println!("samples add up to {:.3} s of {:.3} s of CPU ({ratio:.3})", sampled_ns as f64 / 1e9, cpu_ns as f64 / 1e9);
+        assert!((0.95..=1.05).contains(&ratio), "samples add up to {ratio:.3} of the CPU time used");
+    }
 
     #[test]
     fn drains_fall_halfway_between_ticks() {
