@@ -198,6 +198,9 @@ pub mod unwind_stop {
     /// pointer that is not one.
     pub const BAD_FRAME: u32 = 6;
     pub const COUNT: u32 = 7;
+    /// Set beside the reason when the walk came before the process's tables were loaded: by
+    /// frame pointers only, which skip the caller of a function that keeps none.
+    pub const FRAME_POINTERS_ONLY: u32 = 1 << 8;
 
     /// Each reason's name, as counters and markers show it.
     pub const NAMES: [&str; COUNT as usize] =

@@ -169,11 +169,11 @@ pub fn walk(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> Result<Walked
         None => task_user_regs().ok_or(stack_status::NONE)?,
     };
     let (Some(stack), Some(scratch)) = (WALK.get_ptr_mut(0), SCRATCH.get_ptr_mut(0)) else { return Err(stack_status::ERROR) };
-    let mappings = match unsafe { PROCESS_MAPPINGS.get(&tgid) } {
-        Some(mappings) => *mappings,
+    let (mappings, loaded) = match unsafe { PROCESS_MAPPINGS.get(&tgid) } {
+        Some(mappings) => (*mappings, true),
         None => {
             bump(set, counter::UNWIND_NO_PROCESS);
-            ProcessMappings::default()
+            (ProcessMappings::default(), false)
         }
     };
     unsafe {
@@ -212,6 +212,9 @@ pub fn walk(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> Result<Walked
         }
     }
     bump(set, counter::UNWIND_STOPS + stack.stop.min(unwind_stop::COUNT - 1));
+    if !loaded {
+        stack.stop |= unwind_stop::FRAME_POINTERS_ONLY;
+    }
     let hash = mix(walk.hash, ((stack.stop as u64) << 32) | stack.len as u64);
     stack.check = mix(walk.check, hash);
     Ok(Walked { id: ((hash ^ (hash >> 32)) & 0x7fff_ffff) as u32, check: stack.check })

@@ -182,6 +182,15 @@ fn cgroup_filter_keeps_only_that_cgroup() {
     assert!(profile.samples_of(outside_pid).is_empty(), "a process outside the cgroup was sampled");
     let expected = format!("/{name}");
     assert!(profile.samples.iter().all(|s| s.labels.get("cgroup") == Some(&expected)), "samples outside {expected}");
+    // With a cgroup, a process already running is loaded at its first sample, whose stack
+    // (and any taken before the load is done) is walked by frame pointers only: each such
+    // walk is marked at its root, and counted.
+    let marker = "[walked by frame pointers: tables not loaded yet]";
+    let marked: Vec<_> = profile.samples.iter().filter(|s| s.frames.last().is_some_and(|f| f.function == marker)).collect();
+    let marked = Decoded::total(&marked);
+    let counted = profile.counter("unwind_no_process");
+    println!("{marked} of {inside} samples walked by frame pointers only, {counted} such walks counted");
+    assert!(marked > 0 && marked as u64 == counted, "{marked} samples marked as walked by frame pointers only, {counted} such walks counted");
 }
 
 #[test]

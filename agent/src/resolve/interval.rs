@@ -29,6 +29,9 @@ pub enum Marker {
     /// The user stack's walk stopped early (`agent_common::unwind_stop`): the root of a
     /// truncated stack.
     Truncated(u32),
+    /// The user stack was walked before the process's tables were loaded: the root of a
+    /// stack that may lack the callers of functions without frame pointers.
+    FramePointersOnly,
 }
 
 impl Marker {
@@ -49,6 +52,7 @@ impl Marker {
                 unwind_stop::BAD_FRAME => "[truncated: bad frame]",
                 _ => "[truncated]",
             },
+            Marker::FramePointersOnly => "[walked by frame pointers: tables not loaded yet]",
         }
     }
 }
@@ -195,8 +199,12 @@ fn push_stack(sites: &mut Vec<Site>, raw: &RawInterval, set: u8, id: i32, user: 
                 // instruction so that the call site, not the next line, is symbolized.
                 let frames = stack.frames.iter().enumerate();
                 sites.extend(frames.map(|(i, &ip)| site(if i == 0 { ip } else { ip.saturating_sub(1) })));
-                if stack.stop != unwind_stop::END {
-                    sites.push(Site::Marker(Marker::Truncated(stack.stop)));
+                let reason = stack.stop & !unwind_stop::FRAME_POINTERS_ONLY;
+                if reason != unwind_stop::END {
+                    sites.push(Site::Marker(Marker::Truncated(reason)));
+                }
+                if stack.stop & unwind_stop::FRAME_POINTERS_ONLY != 0 {
+                    sites.push(Site::Marker(Marker::FramePointersOnly));
                 }
             }
             None => sites.push(Site::Marker(Marker::StackMissing)),
