@@ -8,7 +8,7 @@ pub const COMM_LEN: usize = 16;
 /// Aggregation key of every kind of sample. All samples with equal keys are summed in the
 /// kernel.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct SampleKey {
     /// Process id (the kernel's tgid) of the task the event ran on.
     pub tgid: u32,
@@ -472,8 +472,6 @@ pub mod names {
     pub const OFF_CPU_MAX_NS: &str = "OFF_CPU_MAX_NS";
     /// Global: non-zero when the programs time themselves (`counter::RUN_NS`).
     pub const MEASURE_RUN_TIME: &str = "MEASURE_RUN_TIME";
-    /// Per CPU: what a closed on-CPU event ran after its last tick, for the next sample.
-    pub const REOPEN_CARRY: &str = "REOPEN_CARRY";
     /// `Rates` (one entry), rewritten while the programs run.
     pub const RATES: &str = "RATES";
     /// Global: `[FieldLayout; 6]`, one per network kind from `kind::FIRST_NET`.

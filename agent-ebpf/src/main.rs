@@ -483,27 +483,8 @@ pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
     0
 }
 
-/// Per CPU, what the on-CPU event userspace closed to change frequency ran after its last
-/// tick (ns), for the first sample of the new event to stand for too; 0 once taken.
-#[map]
-static REOPEN_CARRY: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
-
-/// What this sample stands for: its period (ns, for the clock events: on-CPU time stays
-/// exact whatever frequency the governor sets), and for the first sample after a re-open,
-/// the old event's last part-period. Taken by whichever sample comes first, idle or filtered
-/// too: that part-period is as likely idle or another task's as any period.
-#[inline(always)]
-fn sample_period(ctx: &PerfEventContext) -> u64 {
-    let period = unsafe { (*ctx.ctx).sample_period };
-    match REOPEN_CARRY.get_ptr_mut(0) {
-        Some(carry) if unsafe { *carry } != 0 => unsafe { period + core::mem::take(&mut *carry) },
-        _ => period,
-    }
-}
-
 #[inline(always)]
 fn sample(ctx: &PerfEventContext, set: &BufferSet) -> bool {
-    let period = sample_period(ctx);
     let pid_tgid = bpf_get_current_pid_tgid();
     let (tgid, pid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
     if pid == 0 {
@@ -528,6 +509,9 @@ fn sample(ctx: &PerfEventContext, set: &BufferSet) -> bool {
     if !user_mode {
         key.kernel_stack_id = kernel_stack_id(ctx, set);
     }
+    // The period is the time the sample stands for (ns, for the clock events): on-CPU time
+    // stays exact whatever frequency the governor sets.
+    let period = unsafe { (*ctx.ctx).sample_period };
     // Most samples repeat a key of this interval, whose user stack is stored already (the
     // key names it by id and check): they are one map update.
     if add_to_existing(set, &key, 1, period) {

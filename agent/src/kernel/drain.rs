@@ -6,11 +6,15 @@ use std::{
     time::SystemTime,
 };
 
-use agent_common::{counter, unwind_stop, SampleKey, SampleValue, UserStack};
+use agent_common::{counter, kind, unwind_stop, SampleKey, SampleValue, UserStack};
 use anyhow::{Context as _, Result};
 use aya::maps::{HashMap as BpfHashMap, IterableMap as _, MapData, PerCpuValues, StackTraceMap};
 
-use super::{batch, load::Sampler, rates::SamplingRates};
+use super::{
+    batch,
+    load::Sampler,
+    rates::{spread_unsampled, SamplingRates},
+};
 
 /// A stack read from a stack map, leaf first.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,9 +65,15 @@ impl Sampler {
         self.barrier.wait()?;
 
         let mut interval = RawInterval { start: Some(start), end: Some(end), rates: self.rates, ..Default::default() };
+        let unsampled = std::mem::take(&mut self.unsampled);
+        // After a frequency change: each on-CPU key's samples per CPU, by its index in counts.
+        let mut per_cpu = Vec::new();
         let set = &mut self.sets[idle as usize];
         batch::read(set.counts.map(), self.nr_cpus, true, |key: SampleKey, values: &[SampleValue]| {
             let value = values.iter().fold(SampleValue::default(), |sum, v| SampleValue { count: sum.count + v.count, total: sum.total + v.total });
+            if !unsampled.is_empty() && key.kind == kind::ON_CPU {
+                per_cpu.push((interval.counts.len(), values.iter().map(|v| v.count).collect()));
+            }
             interval.counts.push((key, value));
         })
         .context("reading and clearing sample counts")?;
@@ -88,13 +98,20 @@ impl Sampler {
         }
         interval.stacks.extend(stacks.iter().map(|((user, id), stack)| ((*user, idle as u8, *id), stack.clone())));
         self.last_stacks[idle as usize] = stacks;
+        // Samples each CPU took without recording them (`FILTERED` also counts filtered network
+        // events: with a filter, a little of the unsampled time is left out).
+        let mut unrecorded = vec![0u64; self.nr_cpus];
         for index in 0..counter::COUNT {
             let zero = PerCpuValues::try_from(vec![0u64; self.nr_cpus])?;
             let slot = idle * counter::COUNT + index;
             let values = self.counters.get(&slot, 0).context("reading counters")?;
             interval.counters.0[index as usize] = values.iter().sum();
+            if index == counter::IDLE || index == counter::FILTERED {
+                unrecorded.iter_mut().zip(values.iter()).for_each(|(sum, n)| *sum += n);
+            }
             self.counters.set(slot, zero, 0).context("clearing counters")?;
         }
+        spread_unsampled(&unsampled, &per_cpu, &unrecorded, &mut interval.counts);
         Ok(interval)
     }
 

@@ -57,6 +57,9 @@ pub struct Sampler {
     pub(super) active_index: u32,
     pub(super) active_since: SystemTime,
     pub(super) nr_cpus: usize,
+    /// Per CPU (by id), what on-CPU events closed since the last drain ran after their last
+    /// tick (ns): the drain adds it to the samples that came next (`rates::spread_unsampled`).
+    pub(super) unsampled: Vec<u64>,
     /// Threads blocked off-CPU, with where they blocked (off-CPU only).
     pub(super) off_cpu_start: Option<BpfHashMap<MapData, u32, OffCpuStart>>,
     /// Sockets' last senders (transmit attribution only).
@@ -152,12 +155,11 @@ impl Sampler {
         let mut rates_map: Array<_, Rates> = Array::try_from(take(&mut ebpf, names::RATES)?)?;
         rates_map.set(0, rates.kernel(), 0).context("writing sampling ratios")?;
         let perf = if settings.cpu {
-            let carry = PerCpuArray::try_from(take(&mut ebpf, names::REOPEN_CARRY)?)?;
             let prog: &mut PerfEvent = ebpf.program_mut(names::PROG_SAMPLE).context("program missing")?.try_into()?;
             prog.load().map_err(|e| anyhow::anyhow!("loading {}: {e}{}", names::PROG_SAMPLE, chain(&e)))?;
             log_verified(names::PROG_SAMPLE, prog.info());
             let cpus = online_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))?;
-            let mut perf = PerfSampling::new(settings.event, cpus, carry);
+            let mut perf = PerfSampling::new(settings.event, cpus);
             perf.attach(prog, settings.frequency)?;
             Some(perf)
         } else {
@@ -207,6 +209,7 @@ impl Sampler {
             active_index: 0,
             active_since: SystemTime::now(),
             nr_cpus,
+            unsampled: Vec::new(),
             off_cpu_start,
             sock_owner,
             last_stacks: Default::default(),
