@@ -41,6 +41,8 @@ pub struct PerfMap {
     /// Functions by start address: (end, name). A later line for overlapping code (the
     /// runtime moved or recompiled it) replaces the earlier ones.
     functions: BTreeMap<u64, (u64, Arc<str>)>,
+    /// An earlier life's map (`freeze`): neither opened nor read again.
+    frozen: bool,
 }
 
 impl PerfMap {
@@ -60,7 +62,21 @@ impl PerfMap {
         self.functions.range(range).any(|(_, (_, name))| named(name))
     }
 
+    /// The pid's next life was read: the file is that life's from now on (a runtime it
+    /// exec'd rewrites it; a new process with the pid writes its own). What this life
+    /// appended is read one last time, and its names are kept for its samples.
+    pub fn freeze(&mut self) {
+        let size = self.file.as_ref().and_then(|file| file.metadata().ok()).map(|m| m.len());
+        if size.is_some_and(|size| size >= self.read) {
+            self.read_new();
+        }
+        self.frozen = true;
+    }
+
     fn open_and_read(&mut self, tgid: u32) {
+        if self.frozen {
+            return;
+        }
         if self.file.is_none() && self.tried.is_none_or(|t| t.elapsed() >= RETRY_OPEN) {
             self.tried = Some(Instant::now());
             self.file = open(tgid);
@@ -139,7 +155,7 @@ fn open(tgid: u32) -> Option<File> {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
+    use std::{io::Write, path::PathBuf};
 
     use super::*;
 
@@ -173,5 +189,36 @@ mod tests {
         assert_eq!(map.lookup(0, 0x5000).map(|s| s.name), Some("fresh".into()));
         assert_eq!(map.lookup(0, 0x2000), None, "the old code is forgotten");
         let _ = fs::remove_file(&path);
+    }
+
+    /// An earlier life keeps the names its runtime wrote: the file, rewritten by the pid's
+    /// next life, is not read again, and a life that never opened it does not open it.
+    #[test]
+    fn a_frozen_map_keeps_its_life_names_and_opens_nothing() {
+        let path = std::env::temp_dir().join(format!("ember-perf-map-frozen-{}", std::process::id()));
+        let mut writer = File::create(&path).unwrap();
+        let mut map = PerfMap { file: Some(File::open(&path).unwrap()), ..PerfMap::default() };
+        writer.write_all(b"1000 100 old\n").unwrap();
+        assert_eq!(map.lookup(0, 0x1000).map(|s| s.name), Some("old".into()));
+        writer.write_all(b"2000 10 last\n").unwrap();
+        map.freeze();
+        assert_eq!(map.lookup(0, 0x2000).map(|s| s.name), Some("last".into()), "appended before the freeze");
+        // Rewritten by the next life (shorter: a live map would start again from its start).
+        File::create(&path).unwrap().write_all(b"3000 10 new\n").unwrap();
+        assert_eq!(map.lookup(0, 0x3000), None, "the next life's code");
+        assert_eq!(map.lookup(0, 0x1000).map(|s| s.name), Some("old".into()));
+        let _ = fs::remove_file(&path);
+
+        // This process's own perf map: found by a live map, not by a frozen one.
+        let pid = std::process::id();
+        let own = PathBuf::from(format!("/tmp/perf-{pid}.map"));
+        fs::write(&own, "4000 10 next_life\n").unwrap();
+        let live = PerfMap::default().lookup(pid, 0x4000).map(|s| s.name);
+        let mut frozen = PerfMap::default();
+        frozen.freeze();
+        let unopened = frozen.lookup(pid, 0x4000);
+        let _ = fs::remove_file(&own);
+        assert_eq!(live, Some("next_life".into()));
+        assert_eq!(unopened, None);
     }
 }
