@@ -66,11 +66,8 @@ impl PerfMap {
     /// exec'd rewrites it; a new process with the pid writes its own). What this life
     /// appended is read one last time, and its names are kept for its samples.
     pub fn freeze(&mut self) {
-        let size = self.file.as_ref().and_then(|file| file.metadata().ok()).map(|m| m.len());
-        if size.is_some_and(|size| size >= self.read) {
-            self.read_new();
-        }
         self.frozen = true;
+        self.read_new();
     }
 
     fn open_and_read(&mut self, tgid: u32) {
@@ -93,7 +90,11 @@ impl PerfMap {
         let Some(file) = self.file.as_mut() else { return };
         let Ok(size) = file.metadata().map(|m| m.len()) else { return };
         if size < self.read {
-            // Rewritten from the start (the pid exec'd another runtime): forget the old code.
+            // Rewritten from the start (the pid exec'd another runtime): forget the old code,
+            // unless the map is frozen, when the rewrite is the next life's.
+            if self.frozen {
+                return;
+            }
             self.read = 0;
             self.partial.clear();
             self.functions.clear();
@@ -168,13 +169,19 @@ mod tests {
         }
     }
 
+    /// A new temporary file, a writer to it, and a map that reads it.
+    fn temp_map(name: &str) -> (PathBuf, File, PerfMap) {
+        let path = std::env::temp_dir().join(format!("ember-{name}-{}", std::process::id()));
+        let writer = File::create(&path).unwrap();
+        let map = PerfMap { file: Some(File::open(&path).unwrap()), ..PerfMap::default() };
+        (path, writer, map)
+    }
+
     /// A map as a runtime writes it: appended in pieces (a line may be cut between two reads),
     /// with code recompiled over older code.
     #[test]
     fn reads_appended_lines_and_later_code_replaces_earlier() {
-        let path = std::env::temp_dir().join(format!("ember-perf-map-test-{}", std::process::id()));
-        let mut writer = File::create(&path).unwrap();
-        let mut map = PerfMap { file: Some(File::open(&path).unwrap()), ..PerfMap::default() };
+        let (path, mut writer, mut map) = temp_map("perf-map-test");
         writer.write_all(b"1000 100 old\n2000 10 whole\n3000 1").unwrap();
         assert_eq!(map.lookup(0, 0x1080).map(|s| s.name), Some("old".into()));
         assert_eq!(map.lookup(0, 0x3000), None, "a line not complete yet");
@@ -195,9 +202,7 @@ mod tests {
     /// next life, is not read again, and a life that never opened it does not open it.
     #[test]
     fn a_frozen_map_keeps_its_life_names_and_opens_nothing() {
-        let path = std::env::temp_dir().join(format!("ember-perf-map-frozen-{}", std::process::id()));
-        let mut writer = File::create(&path).unwrap();
-        let mut map = PerfMap { file: Some(File::open(&path).unwrap()), ..PerfMap::default() };
+        let (path, mut writer, mut map) = temp_map("perf-map-frozen");
         writer.write_all(b"1000 100 old\n").unwrap();
         assert_eq!(map.lookup(0, 0x1000).map(|s| s.name), Some("old".into()));
         writer.write_all(b"2000 10 last\n").unwrap();
