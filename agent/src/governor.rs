@@ -239,7 +239,7 @@ fn next_levels(levels: [f64; 3], costs: [f64; 3], fixed: f64, total: f64, budget
 }
 
 /// CPU time of every thread of the agent, in ns.
-pub(crate) fn process_cpu_ns() -> u64 {
+fn process_cpu_ns() -> u64 {
     let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64

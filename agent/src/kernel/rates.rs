@@ -173,7 +173,15 @@ mod tests {
     use agent_common::kind;
 
     use super::*;
-    use crate::{governor::process_cpu_ns, kernel::KernelSettings};
+    use crate::kernel::KernelSettings;
+
+    /// CPU time of this process so far (ns). (The governor's twin is a layer up: the kernel
+    /// module must not import it.)
+    fn process_cpu_ns() -> u64 {
+        let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) }, 0);
+        t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+    }
 
     /// A thread per CPU, pinned there, spinning until `stop`.
     fn spin_on_every_cpu(stop: &Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
