@@ -150,6 +150,15 @@ pub struct SwitchLayout {
     pub next_pid: u32,
 }
 
+/// mmap:vm_unmapped_area field offsets (where the kernel found room for a new mapping), from
+/// its format file.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AreaLayout {
+    pub addr: u32,
+    pub length: u32,
+}
+
 /// Why a sample key carries no stack id. The sample itself is still counted.
 pub mod stack_status {
     /// The sample has no stack of this kind (user-mode sample: no kernel stack;
@@ -324,9 +333,12 @@ pub mod counter {
     /// User stacks walked before userspace had loaded the process's mappings (cold start):
     /// walked by frame pointers only.
     pub const UNWIND_NO_PROCESS: u32 = 13;
+    /// Times a process mapped something where code the walks knew of it had been (a library
+    /// closed and another loaded in its place): its mappings were read again, as a new life.
+    pub const CODE_REPLACED: u32 = 14;
     /// User stack walks by how they ended, from here on one counter per `unwind_stop`
     /// reason (index `UNWIND_STOPS + reason`; `END` counts complete stacks).
-    pub const UNWIND_STOPS: u32 = 14;
+    pub const UNWIND_STOPS: u32 = 15;
     /// What the programs cost, measured by themselves while `MEASURE_RUN_TIME` is set (under
     /// a CPU budget), by source (`run::ON_CPU`, `run::OFF_CPU`, `run::NET`), at index
     /// `RUN_NS + run::SLOTS * source + slot`, the nanoseconds and number of runs that recorded
@@ -354,6 +366,7 @@ pub mod counter {
         (NET_EVENTS, "net_events"),
         (OFF_CPU_BLOCKS, "off_cpu_blocks"),
         (UNWIND_NO_PROCESS, "unwind_no_process"),
+        (CODE_REPLACED, "code_replaced"),
         (UNWIND_STOPS, "unwind_complete"),
         (UNWIND_STOPS + 1, "unwind_stop_depth"),
         (UNWIND_STOPS + 2, "unwind_stop_read_fault"),
@@ -467,6 +480,7 @@ pub mod names {
     pub const FORK_CHILD_PID: &str = "FORK_CHILD_PID";
     pub const EXIT_GROUP_DEAD: &str = "EXIT_GROUP_DEAD";
     pub const TASK_LAYOUT: &str = "TASK_LAYOUT";
+    pub const AREA_LAYOUT: &str = "AREA_LAYOUT";
     pub const OFF_CPU_STATES: &str = "OFF_CPU_STATES";
     pub const OFF_CPU_MIN_NS: &str = "OFF_CPU_MIN_NS";
     pub const OFF_CPU_MAX_NS: &str = "OFF_CPU_MAX_NS";
@@ -483,6 +497,8 @@ pub mod names {
     pub const PROG_SWITCH: &str = "sched_switch";
     /// Attached to every tracepoint of a task's move to another cgroup.
     pub const PROG_CGROUP_MOVED: &str = "cgroup_moved";
+    /// Attached to mmap:vm_unmapped_area: room found for a new mapping, perhaps where code was.
+    pub const PROG_AREA_PLACED: &str = "area_placed";
     /// Network programs by kind, from `kind::FIRST_NET`, with their tracepoints.
     pub const NET_PROGRAMS: [(&str, &str, &str); 6] = [
         ("net_dev_queue", "net", "net_dev_queue"),
@@ -506,6 +522,7 @@ mod pod {
     unsafe impl aya::Pod for super::SocketOwner {}
     unsafe impl aya::Pod for super::SwitchLayout {}
     unsafe impl aya::Pod for super::TaskLayout {}
+    unsafe impl aya::Pod for super::AreaLayout {}
     unsafe impl aya::Pod for super::UserStack {}
     unsafe impl aya::Pod for super::UnwindRow {}
     unsafe impl aya::Pod for super::ProcessMappings {}

@@ -2,7 +2,8 @@
 //! work; everything that cannot be kept is counted by reason in the set's counter array.
 //!
 //! Programs: `sample_cpu` (perf_event, on-CPU), `sched_switch` (off-CPU), one program per
-//! network tracepoint, `process_exec` (tells userspace a process has new mappings) and
+//! network tracepoint, `process_exec` (tells userspace a process has new mappings),
+//! `area_placed` (the same, when a process maps something where its code was) and
 //! `process_exit` (forgets exited threads and processes).
 #![no_std]
 #![no_main]
@@ -12,7 +13,7 @@
 mod walk;
 
 use agent_common::{
-    attribution, block_state, counter, kind, run, stack_status, FieldLayout, OffCpuStart, ProcessEvent, Rates, SampleKey,
+    attribution, block_state, counter, kind, run, stack_status, AreaLayout, FieldLayout, OffCpuStart, ProcessEvent, Rates, SampleKey,
     SampleValue, SocketOwner, SwitchLayout, TaskLayout, UserStack, COMM_LEN, IFNAMSIZ,
 };
 use aya_ebpf::{
@@ -108,6 +109,8 @@ static SEND_SK_OFFSET: u32 = 0;
 static SEND_RET_OFFSET: u32 = 0;
 #[no_mangle]
 static TASK_LAYOUT: TaskLayout = TaskLayout { group_leader: 0, start_boottime: 0, self_exec_id: 0, comm: 0 };
+#[no_mangle]
+static AREA_LAYOUT: AreaLayout = AreaLayout { addr: 0, length: 0 };
 
 fn config<T: Copy>(global: &T) -> T {
     // Volatile: the value is patched into the object after compilation.
@@ -347,11 +350,18 @@ fn record_new(set: &BufferSet, key: &SampleKey, count: u64, total: u64) {
     }
 }
 
+/// Per tgid, how many times the process mapped something where its code was since its exec
+/// (`area_placed`): each time starts a life of its own.
+#[map]
+static CODE_REPLACEMENTS: HashMap<u32, u16> = HashMap::with_max_entries(16384, 0);
+
 /// Which life of its pid the current process is in (`SampleKey::process_tag`), and when it
 /// started (ns since boot).
 #[inline(always)]
 fn current_life() -> (u16, u64) {
     let layout = config(&TASK_LAYOUT);
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let replaced = unsafe { CODE_REPLACEMENTS.get(&tgid) }.copied().unwrap_or(0);
     // Typed (BTF) pointers: plain loads, which the verifier checks against the kernel's
     // types (the offsets are constants to it), with no helper call.
     unsafe {
@@ -359,15 +369,16 @@ fn current_life() -> (u16, u64) {
         let leader = *(task.add(layout.group_leader as usize) as *const *const u8);
         let start = *(leader.add(layout.start_boottime as usize) as *const u64);
         let execs = *(task.add(layout.self_exec_id as usize) as *const u64);
-        (process_tag(start, execs), start)
+        (process_tag(start, execs, replaced), start)
     }
 }
 
-/// The 16 bits that tell a process's lives apart: its start time mixed, and its exec count.
-/// An exec always changes them; a new process with a reused pid does but for 1 in 65,536.
+/// The 16 bits that tell a process's lives apart: its start time mixed, and its count of
+/// execs and of code replacements. Each exec adds 1 and each replacement 257: any 256 lives
+/// in a row differ. A new process with a reused pid differs but for 1 in 65,536.
 #[inline(always)]
-fn process_tag(start_ns: u64, exec_id: u64) -> u16 {
-    ((start_ns.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as u16) ^ exec_id as u16
+fn process_tag(start_ns: u64, exec_id: u64, replaced: u16) -> u16 {
+    ((start_ns.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 48) as u16) ^ (exec_id as u16).wrapping_add(replaced.wrapping_mul(257))
 }
 
 /// What the key says of the thread besides its ids, as last read on this CPU.
@@ -379,7 +390,7 @@ struct ThreadFields {
     pid_tgid: u64,
     start_ns: u64,
     exec_id: u64,
-    /// `CGROUP_EPOCH` when the cgroup was read.
+    /// `FIELDS_EPOCH` when the cgroup and the life were read.
     epoch: u64,
     cgroup_id: u64,
     process_tag: u16,
@@ -396,15 +407,25 @@ const THREAD_SLOTS: usize = 8;
 #[map]
 static THREAD_FIELDS: PerCpuArray<[ThreadFields; THREAD_SLOTS]> = PerCpuArray::with_max_entries(1, 0);
 
-/// Counts moves of tasks between cgroups (`cgroup_moved`): kept fields of an earlier count
-/// are read again.
+/// Counts moves of tasks between cgroups (`cgroup_moved`) and code replacements
+/// (`area_placed`): kept fields of an earlier count are read again.
 #[map]
-static CGROUP_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
+static FIELDS_EPOCH: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Some thread's kept fields may no longer hold.
+#[inline(always)]
+fn bump_fields_epoch() {
+    if let Some(epoch) = FIELDS_EPOCH.get_ptr_mut(0) {
+        // An atomic add (core has no atomic read-modify-write for BPF): two moves at once on
+        // two CPUs must count twice.
+        unsafe { core::arch::asm!("lock *(u64 *)({p} + 0) += {one}", p = in(reg) epoch, one = in(reg) 1u64, options(nostack)) };
+    }
+}
 
 #[inline(always)]
 fn thread_fields(pid_tgid: u64) -> ThreadFields {
     // Read before the cgroup: a move after this read counts after it.
-    let epoch = CGROUP_EPOCH.get_ptr(0).map_or(0, |epoch| unsafe { core::ptr::read_volatile(epoch) });
+    let epoch = FIELDS_EPOCH.get_ptr(0).map_or(0, |epoch| unsafe { core::ptr::read_volatile(epoch) });
     let layout = config(&TASK_LAYOUT);
     let (start_ns, exec_id) = unsafe {
         let task = bpf_get_current_task_btf() as *const u8;
@@ -445,11 +466,7 @@ fn current_comm() -> [u8; COMM_LEN] {
 /// A task moved to another cgroup: threads' kept cgroups are read again.
 #[tracepoint]
 pub fn cgroup_moved(_ctx: TracePointContext) -> u32 {
-    if let Some(epoch) = CGROUP_EPOCH.get_ptr_mut(0) {
-        // An atomic add (core has no atomic read-modify-write for BPF): two moves at once on
-        // two CPUs must count twice.
-        unsafe { core::arch::asm!("lock *(u64 *)({p} + 0) += {one}", p = in(reg) epoch, one = in(reg) 1u64, options(nostack)) };
-    }
+    bump_fields_epoch();
     0
 }
 
@@ -784,7 +801,7 @@ pub fn process_exit(ctx: TracePointContext) -> u32 {
     if group_dead != FieldLayout::ABSENT {
         if field::<u8>(&ctx, group_dead) != 0 {
             let _ = KNOWN_TGIDS.insert(&tgid, &told::EXITED, 0);
-            walk::forget_process(tgid);
+            forget_code(tgid);
         }
     } else if tgid == pid {
         forget(tgid);
@@ -796,7 +813,15 @@ pub fn process_exit(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn forget(tgid: u32) {
     let _ = KNOWN_TGIDS.remove(&tgid);
+    forget_code(tgid);
+}
+
+/// The process's code is not what it was: its mappings go, and so does its count of code
+/// replacements (its lives from here on are told apart by its start time and exec count).
+#[inline(always)]
+fn forget_code(tgid: u32) {
     walk::forget_process(tgid);
+    let _ = CODE_REPLACEMENTS.remove(&tgid);
 }
 
 /// A new process or thread: its pid may have been a dead process's, whose mark and
@@ -820,6 +845,36 @@ pub fn process_exec(ctx: TracePointContext) -> u32 {
     if passes_filters(tgid) {
         announce_process(tgid, current_life().0, told::AT_EXEC, &active_set());
     }
+    0
+}
+
+/// The kernel found room for a new mapping (mmap:vm_unmapped_area). Room over code that the
+/// walks know of the process means that code was unmapped and something else goes there
+/// (dlclose, then dlopen of another library): the old tables and names do not hold for it.
+/// The process starts a new life, so that its samples from here on are told apart from those
+/// its old mappings name; the walks forget its mappings (frame pointers, marked, until they
+/// are loaded again); and it is announced, so that userspace reads them again. The mapping
+/// is not made yet: userspace's read of the maps waits for it.
+#[tracepoint]
+pub fn area_placed(ctx: TracePointContext) -> u32 {
+    let tgid = ctx.tgid();
+    let area = || {
+        let layout = config(&AREA_LAYOUT);
+        let (start, length): (u64, u64) = (field(&ctx, layout.addr), field(&ctx, layout.length));
+        // A failure is an error number, which is no page's address: an empty range.
+        (start, if start & 0xfff == 0 { start.saturating_add(length) } else { start })
+    };
+    if !walk::maps_code_in(tgid, area) {
+        return 0;
+    }
+    let replaced = unsafe { CODE_REPLACEMENTS.get(&tgid) }.copied().unwrap_or(0).wrapping_add(1);
+    let _ = CODE_REPLACEMENTS.insert(&tgid, &replaced, 0);
+    bump_fields_epoch();
+    let _ = KNOWN_TGIDS.remove(&tgid);
+    walk::forget_process(tgid);
+    let set = active_set();
+    bump(&set, counter::CODE_REPLACED);
+    announce_process(tgid, current_life().0, told::RUNNING, &set);
     0
 }
 

@@ -68,6 +68,21 @@ pub fn build_late(dir: &Path) -> (PathBuf, PathBuf) {
     (out, build_library(dir))
 }
 
+/// Compiles `swap.c` and its two libraries (`swap_library.c`, the second with `SWAP_B`)
+/// into `dir`, as the other C workloads: the program, and the libraries in the order it
+/// loads them.
+pub fn build_swap(dir: &Path) -> (PathBuf, [PathBuf; 2]) {
+    let out = dir.join("swap");
+    crate::compile_c(&Path::new(SOURCES).join("swap.c"), &out, &["-O2", "-fomit-frame-pointer"]);
+    let libraries = [("libswap_a.so", None), ("libswap_b.so", Some("-DSWAP_B"))].map(|(name, define)| {
+        let library = dir.join(name);
+        let flags = ["-O2", "-fomit-frame-pointer", "-fPIC", "-shared"].into_iter().chain(define).collect::<Vec<_>>();
+        crate::compile_c(&Path::new(SOURCES).join("swap_library.c"), &library, &flags);
+        library
+    });
+    (out, libraries)
+}
+
 /// Compiles libphases.so (`library.c`) into `dir`, without frame pointers: its path.
 fn build_library(dir: &Path) -> PathBuf {
     let library = dir.join("libphases.so");

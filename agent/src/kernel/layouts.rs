@@ -1,7 +1,7 @@
 //! Where the kernel keeps the fields the programs read, discovered at start-up rather than
 //! hard-coded: tracepoint field offsets from tracefs format files, and `sk_buff.sk` and
 //! `task_struct`'s fields from kernel BTF. The loader passes them to the programs as globals.
-use agent_common::{kind, FieldLayout, SwitchLayout, TaskLayout};
+use agent_common::{kind, AreaLayout, FieldLayout, SwitchLayout, TaskLayout};
 use anyhow::Result;
 
 use super::{btf::Btf, events::NetEvent, tracefs::Format};
@@ -41,6 +41,16 @@ pub(super) fn fork_child_pid() -> Result<u32> {
 /// (`group_dead`, since 6.16), or `FieldLayout::ABSENT`.
 pub(super) fn exit_group_dead() -> Result<u32> {
     Ok(Format::read("sched", "sched_process_exit")?.optional("group_dead").unwrap_or(FieldLayout::ABSENT))
+}
+
+/// Where mmap:vm_unmapped_area's record holds the address found for a new mapping and its
+/// length, or None (with a warning) on a kernel without that tracepoint: code replaced in
+/// place is then not noticed.
+pub(super) fn area_layout() -> Option<AreaLayout> {
+    let layout = Format::read("mmap", "vm_unmapped_area").and_then(|f| Ok(AreaLayout { addr: f.offset("addr")?, length: f.offset("length")? }));
+    layout
+        .inspect_err(|e| tracing::warn!("{e:#}: a library loaded where another was unloaded keeps the old one's names and unwind tables"))
+        .ok()
 }
 
 /// Field offsets of every enabled network tracepoint; `NONE` for the others.

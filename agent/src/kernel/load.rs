@@ -22,7 +22,7 @@ use super::{
     barrier::ProgramBarrier,
     events::{Event, KernelSettings},
     btf::Btf,
-    layouts::{exit_group_dead, fork_child_pid, net_layouts, switch_layout, task_layout, transmit_attribution},
+    layouts::{area_layout, exit_group_dead, fork_child_pid, net_layouts, switch_layout, task_layout, transmit_attribution},
     rates::{PerfSampling, SamplingRates},
     unwind_maps::UnwindMaps,
     Stack,
@@ -80,6 +80,7 @@ impl Sampler {
         let measure_run_time = u8::from(settings.measure_run_time);
         let switch = settings.off_cpu.as_ref().map(|_| switch_layout()).transpose()?;
         let (fork_child_pid, exit_group_dead) = (fork_child_pid()?, exit_group_dead()?);
+        let area_layout = area_layout();
         let net_layouts = net_layouts(&settings.net)?;
         let btf = Btf::from_sys_fs()?;
         let task_layout = task_layout(&btf)?;
@@ -96,6 +97,9 @@ impl Sampler {
         loader.override_global(names::FORK_CHILD_PID, &fork_child_pid, true);
         loader.override_global(names::EXIT_GROUP_DEAD, &exit_group_dead, true);
         loader.override_global(names::TASK_LAYOUT, &task_layout, true);
+        if let Some(layout) = &area_layout {
+            loader.override_global(names::AREA_LAYOUT, layout, true);
+        }
         loader.override_global(names::NET_LAYOUTS, &net_layouts[..], true);
         if let Some((skb_sk, send_sk, send_ret)) = &attribution {
             loader.override_global(names::SKB_SK_OFFSET, skb_sk, true);
@@ -137,6 +141,9 @@ impl Sampler {
         // Cgroup v2 moves, and v1's transfers of a cgroup's tasks: the programs keep each
         // thread's cgroup id until one of these.
         attach_tracepoints(&mut ebpf, names::PROG_CGROUP_MOVED, &[("cgroup", "cgroup_attach_task"), ("cgroup", "cgroup_transfer_tasks")])?;
+        if area_layout.is_some() {
+            attach_tracepoint(&mut ebpf, names::PROG_AREA_PLACED, "mmap", "vm_unmapped_area")?;
+        }
         if settings.off_cpu.is_some() {
             attach_tracepoint(&mut ebpf, names::PROG_SWITCH, "sched", "sched_switch")?;
         }

@@ -26,6 +26,7 @@ pub fn report(losses: Losses) {
                 ("ember_events_total", Some("event"))
             }
             counter::RUN_NS.. => continue, // a cost, not an event: the governor reports it
+            counter::CODE_REPLACED => ("ember_code_replaced_total", None),
             counter::UNWIND_NO_PROCESS.. => ("ember_user_stacks_total", Some("walk")),
             _ => ("ember_lost_total", Some("reason")),
         };

@@ -38,6 +38,10 @@ const HELP: &[(&str, &str)] = &[
         "ember_user_stacks_total",
         "User stacks walked, by how the walk ended: complete, or why it stopped (no_process: before the process's unwind tables were loaded, by frame pointers)",
     ),
+    (
+        "ember_code_replaced_total",
+        "Times a process mapped something where code of it had been (a library closed, another loaded in its place): its mappings were read again",
+    ),
     ("ember_unwind_tables", "Executables whose unwind tables are loaded in the kernel"),
     ("ember_unwind_tables_idle", "Loaded unwind tables no live process maps (kept until their space is needed)"),
     ("ember_unwind_over_budget", "Executables left out of the unwind table budget (walked by frame pointers until room appears)"),
