@@ -421,6 +421,10 @@ pub struct ProcessEvent {
     /// in clock ticks), or 0 when announced from another task's context: userspace checks it
     /// to not read another process's mappings for it after its pid was reused.
     pub start_ns: u64,
+    /// Where the process's stack starts (`mm->start_stack`, /proc's stat field 28), or 0 when
+    /// announced from another task's context. An exec maps a new stack, at a random place:
+    /// userspace checks it to not read the mappings of a program exec'd since for this life.
+    pub start_stack: u64,
 }
 
 /// Where a sample's process life is told apart (`SampleKey::process_tag`): offsets in
@@ -436,6 +440,9 @@ pub struct TaskLayout {
     pub self_exec_id: u32,
     /// `comm` (COMM_LEN bytes): the thread's name.
     pub comm: u32,
+    /// `mm`: the process's memory; and in `struct mm_struct`, `start_stack` (u64).
+    pub mm: u32,
+    pub start_stack: u32,
 }
 
 /// Map and global names, used by the BPF object and looked up by the loader.

@@ -108,7 +108,7 @@ static SEND_SK_OFFSET: u32 = 0;
 #[no_mangle]
 static SEND_RET_OFFSET: u32 = 0;
 #[no_mangle]
-static TASK_LAYOUT: TaskLayout = TaskLayout { group_leader: 0, start_boottime: 0, self_exec_id: 0, comm: 0 };
+static TASK_LAYOUT: TaskLayout = TaskLayout { group_leader: 0, start_boottime: 0, self_exec_id: 0, comm: 0, mm: 0, start_stack: 0 };
 #[no_mangle]
 static AREA_LAYOUT: AreaLayout = AreaLayout { addr: 0, length: 0 };
 
@@ -281,8 +281,9 @@ fn announce_process(tgid: u32, tag: u16, stage: u8, set: &BufferSet) {
     // The start time can only be read from the process itself (an event may be attributed to
     // another task: a socket's last sender).
     let (current_tag, start) = current_life();
-    let start_ns = if (bpf_get_current_pid_tgid() >> 32) as u32 == tgid && current_tag == tag { start } else { 0 };
-    if PROCESS_EVENTS.output::<ProcessEvent>(&ProcessEvent { tgid, tag, _pad: 0, pc: 0, start_ns }, 0).is_err() {
+    let own = (bpf_get_current_pid_tgid() >> 32) as u32 == tgid && current_tag == tag;
+    let (start_ns, start_stack) = if own { (start, current_stack_start()) } else { (0, 0) };
+    if PROCESS_EVENTS.output::<ProcessEvent>(&ProcessEvent { tgid, tag, _pad: 0, pc: 0, start_ns, start_stack }, 0).is_err() {
         let _ = KNOWN_TGIDS.remove(&tgid);
         bump(set, counter::PROCESS_EVENT_LOST);
     }
@@ -312,7 +313,8 @@ fn announce_unmapped(tgid: u32, pc: u64, set: &BufferSet) {
     let _ = UNMAPPED_TOLD.insert(&region, &set.generation, 0);
     // The walk was the current task's.
     let (tag, start_ns) = current_life();
-    if PROCESS_EVENTS.output::<ProcessEvent>(&ProcessEvent { tgid, tag, _pad: 0, pc, start_ns }, 0).is_err() {
+    let start_stack = current_stack_start();
+    if PROCESS_EVENTS.output::<ProcessEvent>(&ProcessEvent { tgid, tag, _pad: 0, pc, start_ns, start_stack }, 0).is_err() {
         bump(set, counter::PROCESS_EVENT_LOST);
     }
 }
@@ -370,6 +372,18 @@ fn current_life() -> (u16, u64) {
         let start = *(leader.add(layout.start_boottime as usize) as *const u64);
         let execs = *(task.add(layout.self_exec_id as usize) as *const u64);
         (process_tag(start, execs, replaced), start)
+    }
+}
+
+/// Where the current process's stack starts (0 for a kernel thread, which has no memory of
+/// its own: the load of a null typed pointer reads 0).
+#[inline(always)]
+fn current_stack_start() -> u64 {
+    let layout = config(&TASK_LAYOUT);
+    unsafe {
+        let task = bpf_get_current_task_btf() as *const u8;
+        let mm = *(task.add(layout.mm as usize) as *const *const u8);
+        *(mm.add(layout.start_stack as usize) as *const u64)
     }
 }
 

@@ -28,6 +28,8 @@ pub(super) fn task_layout(btf: &Btf) -> Result<TaskLayout> {
         start_boottime: btf.member_offset("task_struct", "start_boottime")?,
         self_exec_id: btf.member_offset("task_struct", "self_exec_id")?,
         comm: btf.member_offset("task_struct", "comm")?,
+        mm: btf.member_offset("task_struct", "mm")?,
+        start_stack: btf.member_offset("mm_struct", "start_stack")?,
     })
 }
 

@@ -11,18 +11,31 @@ pub struct Life {
     /// When the process started (its leader's `start_boottime`, ns), or 0 if the kernel
     /// could not tell (the life was announced from another task).
     pub start_ns: u64,
+    /// Where its stack started (`mm->start_stack`), or 0 if the kernel could not tell.
+    pub start_stack: u64,
 }
 
 impl Life {
-    /// Whether process `tgid` is still the one this life belongs to (not a new process with
-    /// its pid), as far as its start time tells; true if the start is unknown.
+    /// A life whose start the kernel could not tell: it holds while the process does.
+    pub fn unknown(tag: u16) -> Life {
+        Life { tag, start_ns: 0, start_stack: 0 }
+    }
+
+    /// Whether process `tgid` is still in this life, as far as /proc tells: not a new process
+    /// with its pid (its start time), nor the same process after an exec (where its stack
+    /// starts: an exec maps a new one, at a random place unless randomization is off). What
+    /// the kernel could not tell, or /proc does not show (a process whose main thread has
+    /// exited shows no memory), is not checked. Called after reading its mappings: if it
+    /// still holds then, they were this life's.
     pub fn still_holds(&self, tgid: u32) -> bool {
         if self.start_ns == 0 {
             return true;
         }
+        let Some(stat) = fs::read_to_string(format!("/proc/{tgid}/stat")).ok().and_then(|stat| parse_stat(&stat)) else { return false };
         // /proc shows the start in clock ticks: the kernel's ns divided down.
         let ns_per_tick = 1_000_000_000 / clock_ticks_per_second();
-        started_ticks(tgid).is_some_and(|ticks| ticks == self.start_ns / ns_per_tick)
+        let stack_holds = self.start_stack == 0 || stat.start_stack == 0 || stat.start_stack == self.start_stack;
+        stat.start_ticks == self.start_ns / ns_per_tick && stack_holds
     }
 }
 
@@ -32,37 +45,101 @@ fn clock_ticks_per_second() -> u64 {
     *TICKS.get_or_init(|| u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok().filter(|&t| t > 0).unwrap_or(100))
 }
 
-/// Field 22 of /proc/<tgid>/stat: when the process started, in clock ticks since boot.
-fn started_ticks(tgid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{tgid}/stat")).ok()?;
-    parse_start(&stat)
+/// What /proc/<tgid>/stat tells of a life.
+struct Stat {
+    /// Field 22: when the process started, in clock ticks since boot.
+    start_ticks: u64,
+    /// Field 28: where its stack starts (0 when its memory is not shown).
+    start_stack: u64,
 }
 
-/// The start time from a stat line. The command name, field 2, is in parentheses and may hold
+/// The fields of a stat line. The command name, field 2, is in parentheses and may hold
 /// spaces and parentheses itself: the fields after it are counted from the last ')'.
-fn parse_start(stat: &str) -> Option<u64> {
-    let after_name = &stat[stat.rfind(')')? + 1..];
-    after_name.split_whitespace().nth(19)?.parse().ok()
+fn parse_stat(stat: &str) -> Option<Stat> {
+    let mut after_name = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let start_ticks = after_name.nth(19)?.parse().ok()?;
+    let start_stack = after_name.nth(5)?.parse().ok()?;
+    Some(Stat { start_ticks, start_stack })
 }
 
 #[cfg(test)]
 mod tests {
+    use std::{
+        io::Write as _,
+        process::{Command, Stdio},
+        time::{Duration, Instant},
+    };
+
     use super::*;
+    use crate::kernel::{Announcements, Event, KernelSettings, Sampler};
 
     #[test]
-    fn reads_the_start_time_past_a_name_with_spaces_and_parentheses() {
-        let stat = "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 5 6 0 0 20 0 1 0 987654 12345678 300";
-        assert_eq!(parse_start(stat), Some(987654));
-        assert_eq!(parse_start("4242 (x) S 1"), None);
+    fn reads_the_start_and_the_stack_past_a_name_with_spaces_and_parentheses() {
+        let stat = "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 5 6 0 0 20 0 1 0 987654 12345678 300 18446744073709551615 1 2 140730000000000 0";
+        let parsed = parse_stat(stat).expect("a stat line");
+        assert_eq!((parsed.start_ticks, parsed.start_stack), (987654, 140730000000000));
+        assert!(parse_stat("4242 (x) S 1").is_none());
     }
 
     #[test]
     fn the_agents_own_start_is_its_kernel_start() {
         let me = std::process::id();
-        let ticks = started_ticks(me).expect("reading our own stat");
+        let stat = parse_stat(&fs::read_to_string("/proc/self/stat").unwrap()).expect("our own stat");
         let ns_per_tick = 1_000_000_000 / clock_ticks_per_second();
-        assert!(Life { tag: 0, start_ns: ticks * ns_per_tick + 1 }.still_holds(me));
-        assert!(!Life { tag: 0, start_ns: (ticks + 1) * ns_per_tick }.still_holds(me));
-        assert!(Life { tag: 0, start_ns: 0 }.still_holds(me));
+        let life = |start_ns, start_stack| Life { tag: 0, start_ns, start_stack };
+        assert!(life(stat.start_ticks * ns_per_tick + 1, stat.start_stack).still_holds(me));
+        assert!(!life((stat.start_ticks + 1) * ns_per_tick, stat.start_stack).still_holds(me));
+        assert!(!life(stat.start_ticks * ns_per_tick, stat.start_stack + 4096).still_holds(me), "another stack: another program");
+        assert!(life(stat.start_ticks * ns_per_tick, 0).still_holds(me));
+        assert!(Life::unknown(0).still_holds(me));
+    }
+
+    /// The announcement of `pid` that `announcements` hold or get within two seconds.
+    fn announced(announcements: &mut Announcements, pid: u32, not: Option<u16>) -> Life {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let found = announcements.take().into_iter().find(|e| e.tgid == pid && e.pc == 0 && Some(e.tag) != not);
+            if let Some(event) = found {
+                return Life { tag: event.tag, start_ns: event.start_ns, start_stack: event.start_stack };
+            }
+            assert!(Instant::now() < deadline, "process {pid} was not announced");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The real programs (needs root): a shell announced at its exec, which then execs
+    /// `sleep`. The life the kernel announced holds until the exec, and not after it (its
+    /// start time is the same): mappings read after it would be another program's.
+    #[test]
+    fn a_life_does_not_hold_once_its_process_has_exec_d() {
+        assert_eq!(unsafe { libc::geteuid() }, 0, "this test loads BPF programs: run it as root");
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let _entered = runtime.enter();
+        let settings = KernelSettings {
+            cpu: false,
+            event: Event::CpuClock,
+            frequency: 99,
+            off_cpu: None,
+            net: Vec::new(),
+            max_keys: 64,
+            max_stacks: 64,
+            unwind_rows: 64,
+            pids: Vec::new(),
+            cgroup_id: None,
+            measure_run_time: false,
+        };
+        let (_sampler, mut announcements, _unwind_maps) = Sampler::start(&settings).expect("starting the sampler");
+        let mut shell = Command::new("sh").args(["-c", "read line; exec sleep 5"]).stdin(Stdio::piped()).spawn().unwrap();
+        let pid = shell.id();
+        let first = announced(&mut announcements, pid, None);
+        assert!(first.start_ns != 0 && first.start_stack != 0, "announced at its exec, from its own context: {first:?}");
+        assert!(first.still_holds(pid), "the shell's life, while it runs");
+        shell.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let second = announced(&mut announcements, pid, Some(first.tag));
+        assert_eq!(second.start_ns, first.start_ns);
+        assert!(second.still_holds(pid), "sleep's life");
+        assert!(!first.still_holds(pid), "the shell's life after the exec: {first:?}, now {second:?}");
+        shell.kill().ok();
+        shell.wait().ok();
     }
 }

@@ -99,7 +99,7 @@ impl Resolver {
             // A walk that ended in unknown code: read the mappings again unless known code
             // holds it (the programs tell each megabyte once per interval).
             if event.pc == 0 || !self.processes.holds(event.tgid, event.tag, event.pc) {
-                self.processes.capture(event.tgid, Some(Life { tag: event.tag, start_ns: event.start_ns }));
+                self.processes.capture(event.tgid, Some(Life { tag: event.tag, start_ns: event.start_ns, start_stack: event.start_stack }));
             }
         }
         self.load_unwind_tables();

@@ -417,7 +417,7 @@ impl ProcessTable {
             let reread = match (self.processes.get(&tgid), self.which(tgid, tag)) {
                 // Never read (its announcement was lost): read now.
                 (None, _) => Some(None),
-                (Some(latest), Some(Which::Latest)) if !latest.exited => Some(latest.tag.map(|tag| Life { tag, start_ns: 0 })),
+                (Some(latest), Some(Which::Latest)) if !latest.exited => Some(latest.tag.map(Life::unknown)),
                 (Some(_), None) => {
                     self.unread.insert(tgid); // a life never read
                     None
