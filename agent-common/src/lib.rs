@@ -320,7 +320,7 @@ pub mod counter {
     pub const PROCESS_EVENT_LOST: u32 = 6;
     /// Samples of the idle task (pid 0), counted but not aggregated.
     pub const IDLE: u32 = 7;
-    /// Samples skipped by the pid or cgroup filter.
+    /// On-CPU samples skipped by the pid or cgroup filter.
     pub const FILTERED: u32 = 8;
     /// Off-CPU blocks not tracked because the per-thread table was full.
     pub const OFF_CPU_TABLE_FULL: u32 = 9;
@@ -336,9 +336,12 @@ pub mod counter {
     /// Times a process mapped something where code the walks knew of it had been (a library
     /// closed and another loaded in its place): its mappings were read again, as a new life.
     pub const CODE_REPLACED: u32 = 14;
+    /// Network events skipped by the pid or cgroup filter (apart from `FILTERED`: the drain
+    /// spreads what on-CPU events ran unsampled over each CPU's samples, filtered included).
+    pub const NET_FILTERED: u32 = 15;
     /// User stack walks by how they ended, from here on one counter per `unwind_stop`
     /// reason (index `UNWIND_STOPS + reason`; `END` counts complete stacks).
-    pub const UNWIND_STOPS: u32 = 15;
+    pub const UNWIND_STOPS: u32 = 16;
     /// What the programs cost, measured by themselves while `MEASURE_RUN_TIME` is set (under
     /// a CPU budget), by source (`run::ON_CPU`, `run::OFF_CPU`, `run::NET`), at index
     /// `RUN_NS + run::SLOTS * source + slot`, the nanoseconds and number of runs that recorded
@@ -367,6 +370,7 @@ pub mod counter {
         (OFF_CPU_BLOCKS, "off_cpu_blocks"),
         (UNWIND_NO_PROCESS, "unwind_no_process"),
         (CODE_REPLACED, "code_replaced"),
+        (NET_FILTERED, "net_filtered"),
         (UNWIND_STOPS, "unwind_complete"),
         (UNWIND_STOPS + 1, "unwind_stop_depth"),
         (UNWIND_STOPS + 2, "unwind_stop_read_fault"),

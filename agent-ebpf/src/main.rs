@@ -707,7 +707,7 @@ fn record_net_event(ctx: &TracePointContext, event_kind: u8, set: &BufferSet, ra
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     if !passes_filters(tgid) {
-        bump(set, counter::FILTERED);
+        bump(set, counter::NET_FILTERED);
         return false;
     }
     let mut key = current_key(event_kind, set);

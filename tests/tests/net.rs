@@ -121,6 +121,9 @@ fn pid_filter_keeps_transmits_sent_from_softirq_on_other_tasks() {
     assert_close("transmit by the sender with --pid", payload(&sent, TX_HEADERS), runs[1].lines[0][2]);
     let others = tx.samples.iter().filter(|s| s.labels.get("pid").is_some_and(|p| *p != sender_pid)).count();
     assert_eq!(others, 0, "samples of other processes passed the pid filter");
+    // The receiver's own transmits (its ACKs) are counted as filtered network events, apart
+    // from filtered on-CPU samples (none: on-CPU is not recorded).
+    assert!(tx.counter("net_filtered") > 0 && tx.counter("filtered") == 0, "filtered: {} network events, {} samples", tx.counter("net_filtered"), tx.counter("filtered"));
 }
 
 #[test]

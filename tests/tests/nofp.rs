@@ -355,8 +355,7 @@ fn a_library_loaded_where_a_closed_one_was_is_named_and_walked_as_itself() {
         assert!(mapped as f64 >= 0.45 * total as f64, "{mapped} of {total} samples have their leaf in {library}");
         assert_eq!(mixed, 0, "samples with both {inner} and {other}");
     }
-    let comments = comments(&profile);
-    assert!(comments.iter().any(|c| c.starts_with("ember.counter.code_replaced=") && !c.ends_with("=0")), "no code replacement counted: {comments:?}");
+    assert!(profile.counter("code_replaced") > 0, "no code replacement counted");
 }
 
 /// Builds the fixtures into `dir`, and a table budget (`--unwind-table-mib`) with room for the

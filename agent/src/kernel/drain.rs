@@ -98,8 +98,7 @@ impl Sampler {
         }
         interval.stacks.extend(stacks.iter().map(|((user, id), stack)| ((*user, idle as u8, *id), stack.clone())));
         self.last_stacks[idle as usize] = stacks;
-        // Samples each CPU took without recording them (`FILTERED` also counts filtered network
-        // events: with a filter, a little of the unsampled time is left out).
+        // On-CPU samples each CPU took without recording them.
         let mut unrecorded = vec![0u64; self.nr_cpus];
         for index in 0..counter::COUNT {
             let zero = PerCpuValues::try_from(vec![0u64; self.nr_cpus])?;

@@ -22,7 +22,12 @@ pub fn report(losses: Losses) {
     for (index, name) in counter::NAMES {
         let (metric, label) = match index {
             counter::SAMPLES => ("ember_samples_total", None),
-            counter::NET_EVENTS | counter::OFF_CPU_BLOCKS | counter::IDLE | counter::FILTERED | counter::OFF_CPU_OUT_OF_RANGE => {
+            counter::NET_EVENTS
+            | counter::OFF_CPU_BLOCKS
+            | counter::IDLE
+            | counter::FILTERED
+            | counter::NET_FILTERED
+            | counter::OFF_CPU_OUT_OF_RANGE => {
                 ("ember_events_total", Some("event"))
             }
             counter::RUN_NS.. => continue, // a cost, not an event: the governor reports it

@@ -21,7 +21,7 @@ type Labels = Vec<(String, String)>;
 /// is a histogram, the rest are gauges.
 const HELP: &[(&str, &str)] = &[
     ("ember_samples_total", "On-CPU samples the kernel programs took"),
-    ("ember_events_total", "Other events the kernel programs saw (off-CPU blocks, network events, idle and filtered samples)"),
+    ("ember_events_total", "Other events the kernel programs saw (off-CPU blocks, network events, idle and filtered samples, filtered network events)"),
     ("ember_lost_total", "Samples, stacks or profiles lost, by reason"),
     ("ember_intervals_total", "Intervals drained from the kernel"),
     ("ember_last_interval_timestamp_seconds", "Unix time of the last drain"),
