@@ -353,9 +353,10 @@ fn record_new(set: &BufferSet, key: &SampleKey, count: u64, total: u64) {
 }
 
 /// Per tgid, how many times the process mapped something where its code was since its exec
-/// (`area_placed`): each time starts a life of its own.
+/// (`area_placed`): each time starts a life of its own. Few processes do. (Preallocated, as
+/// kernels before 6.1 require of maps that perf_event programs read.)
 #[map]
-static CODE_REPLACEMENTS: HashMap<u32, u16> = HashMap::with_max_entries(16384, 0);
+static CODE_REPLACEMENTS: HashMap<u32, u16> = HashMap::with_max_entries(4096, 0);
 
 /// Which life of its pid the current process is in (`SampleKey::process_tag`), and when it
 /// started (ns since boot).
@@ -881,6 +882,7 @@ pub fn area_placed(ctx: TracePointContext) -> u32 {
     if !walk::maps_code_in(tgid, area) {
         return 0;
     }
+    // Not `forget`, which drops the count: the new one is in place before the mappings go.
     let replaced = unsafe { CODE_REPLACEMENTS.get(&tgid) }.copied().unwrap_or(0).wrapping_add(1);
     let _ = CODE_REPLACEMENTS.insert(&tgid, &replaced, 0);
     bump_fields_epoch();
@@ -888,7 +890,9 @@ pub fn area_placed(ctx: TracePointContext) -> u32 {
     walk::forget_process(tgid);
     let set = active_set();
     bump(&set, counter::CODE_REPLACED);
-    announce_process(tgid, current_life().0, told::RUNNING, &set);
+    if passes_filters(tgid) {
+        announce_process(tgid, current_life().0, told::RUNNING, &set);
+    }
     0
 }
 

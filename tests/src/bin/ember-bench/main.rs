@@ -1,10 +1,11 @@
-//! `ember-bench oncpu | offcpu | governor | net | transport | unwind | jit | churn | soak | ui`, run by `cargo xtask bench` after
+//! `ember-bench oncpu | offcpu | governor | net | transport | unwind | jit | churn | soak | ui | mappings`, run by `cargo xtask bench` after
 //! the release build: Ember and its peers on the same workload, in one command, measured the same way from
 //! /proc: CPU over a steady-state window, peak RSS, and (with kernel.bpf_stats_enabled) the run
 //! time of each profiler's BPF programs and the memory of its maps.
 mod churn;
 mod governor;
 mod jit;
+mod mappings;
 mod net;
 mod offcpu;
 mod oncpu;
@@ -27,7 +28,7 @@ use ember_tests::usage::{bpf_usage, cpu_ns, status_kib, BpfStatsEnabled, BpfUsag
 #[command(name = "cargo xtask bench")]
 struct BenchArgs {
     /// Which benchmark.
-    #[arg(value_parser = ["oncpu", "offcpu", "governor", "net", "transport", "unwind", "jit", "churn", "soak", "ui"])]
+    #[arg(value_parser = ["oncpu", "offcpu", "governor", "net", "transport", "unwind", "jit", "churn", "soak", "ui", "mappings"])]
     which: String,
     /// Length of the measured window per run (soak: 600 for the ten minutes its goal is about).
     #[arg(long, default_value_t = 20)]
@@ -73,6 +74,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         "churn" => churn::run(args.seconds),
         "soak" => soak::run(args.seconds),
         "ui" => ui::run(),
+        "mappings" => mappings::run(args.seconds),
         other => bail!("unknown benchmark {other}"),
     }
 }
