@@ -303,7 +303,7 @@ static UNMAPPED_TOLD: LruHashMap<u64, u32> = LruHashMap::with_max_entries(4096, 
 #[inline(always)]
 fn announce_unmapped(tgid: u32, pc: u64, set: &BufferSet) {
     // Below the first page or above user space: not code, a wrong return address.
-    if !(0x1000..0x8000_0000_0000).contains(&pc) {
+    if !(0x1000..walk::USER_SPACE_END).contains(&pc) {
         return;
     }
     let region = ((tgid as u64) << 32) | (pc >> 20);

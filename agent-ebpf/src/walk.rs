@@ -43,6 +43,9 @@ static WALK: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
+/// Where x86-64 user space ends (47-bit addresses).
+pub const USER_SPACE_END: u64 = 0x8000_0000_0000;
+
 /// Bytes of user stack copied at a time.
 const WINDOW_BYTES: u64 = 512;
 const WINDOW_WORDS: usize = (WINDOW_BYTES / 8) as usize;
@@ -346,6 +349,11 @@ fn caller(walk: &mut Walk, pc: u64) -> Result<(u64, u64, u64), u32> {
     };
     if ra == 0 {
         return Err(unwind_stop::END); // a thread's first frame has no return address
+    }
+    // Below the first page or above user space: no code's address (a frame pointer that is
+    // not one read a word of data), not a frame to show.
+    if !(0x1000..USER_SPACE_END).contains(&ra) {
+        return Err(unwind_stop::BAD_FRAME);
     }
     Ok((ra, cfa, bp))
 }

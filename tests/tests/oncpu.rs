@@ -366,6 +366,12 @@ fn short_lived_processes_are_named() {
     // The margin keeps a loaded machine from failing the build while catching a regression.
     assert!(total > 200 && named as f64 >= 0.93 * total as f64, "{named} of {total} samples of short-lived processes named; unnamed: {unnamed:?}");
     assert!(in_work as f64 >= 0.8 * total as f64, "{in_work} of {total} samples in churn_work");
+    // Walks by frame pointers before the tables are loaded meet words of data where a frame
+    // pointer is not one (the loader's code keeps none): the walk stops there, and shows no
+    // address beyond user space.
+    let beyond_user_space = |f: &str| f.strip_prefix("[unmapped]+0x").and_then(|a| u64::from_str_radix(a, 16).ok()).is_some_and(|a| a >= 1 << 47);
+    let shown: Vec<&str> = samples.iter().flat_map(|s| &s.frames).map(|f| f.function.as_str()).filter(|f| beyond_user_space(f)).collect();
+    assert!(shown.is_empty(), "frames beyond user space: {shown:?}");
     // Two dozen processes share two CPUs: each is sampled once or twice in its life. Announced
     // at exec, most have their tables loaded by then, and their stacks (built without frame
     // pointers) reach main: 77-79% in `bench churn`, 41-42% when a process was first announced
