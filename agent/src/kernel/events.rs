@@ -105,6 +105,24 @@ impl KernelSettings {
     pub fn records_net(&self, kinds: &[u8]) -> bool {
         self.net.iter().any(|e| kinds.contains(&e.kind()))
     }
+
+    /// Small maps and nothing recorded, for tests of the real programs to add to.
+    #[cfg(test)]
+    pub fn for_tests() -> KernelSettings {
+        KernelSettings {
+            cpu: false,
+            event: Event::CpuClock,
+            frequency: 97,
+            off_cpu: None,
+            net: Vec::new(),
+            max_keys: 64,
+            max_stacks: 64,
+            unwind_rows: 64,
+            pids: Vec::new(),
+            cgroup_id: None,
+            measure_run_time: false,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]

@@ -226,16 +226,11 @@ mod tests {
         let spinners = spin_on_every_cpu(&stop);
         let settings = KernelSettings {
             cpu: true,
-            event: Event::CpuClock,
-            frequency: 97,
-            off_cpu: None,
-            net: Vec::new(),
             max_keys: 4096,
             max_stacks: 4096,
             unwind_rows: 4096,
             pids: vec![std::process::id()],
-            cgroup_id: None,
-            measure_run_time: false,
+            ..KernelSettings::for_tests()
         };
         let (mut sampler, _announcements, _unwind_maps) = Sampler::start(&settings).expect("starting the sampler");
         let cpu_from = process_cpu_ns();

@@ -71,7 +71,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::kernel::{Announcements, Event, KernelSettings, Sampler};
+    use crate::kernel::{Announcements, KernelSettings, Sampler};
 
     #[test]
     fn reads_the_start_and_the_stack_past_a_name_with_spaces_and_parentheses() {
@@ -115,20 +115,7 @@ mod tests {
         assert_eq!(unsafe { libc::geteuid() }, 0, "this test loads BPF programs: run it as root");
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let _entered = runtime.enter();
-        let settings = KernelSettings {
-            cpu: false,
-            event: Event::CpuClock,
-            frequency: 99,
-            off_cpu: None,
-            net: Vec::new(),
-            max_keys: 64,
-            max_stacks: 64,
-            unwind_rows: 64,
-            pids: Vec::new(),
-            cgroup_id: None,
-            measure_run_time: false,
-        };
-        let (_sampler, mut announcements, _unwind_maps) = Sampler::start(&settings).expect("starting the sampler");
+        let (_sampler, mut announcements, _unwind_maps) = Sampler::start(&KernelSettings::for_tests()).expect("starting the sampler");
         let mut shell = Command::new("sh").args(["-c", "read line; exec sleep 5"]).stdin(Stdio::piped()).spawn().unwrap();
         let pid = shell.id();
         let first = announced(&mut announcements, pid, None);
