@@ -290,27 +290,29 @@ fn announce_process(tgid: u32, tag: u16, stage: u8, set: &BufferSet) {
 }
 
 /// Megabytes of a process's address space (tgid << 32 | pc >> 20) where walks ended outside
-/// the mappings userspace gave the walker, and the interval (set generation) in which
-/// userspace was last told.
+/// the mappings userspace gave the walker, and the interval (set generation, low half) and
+/// life (`SampleKey::process_tag`, high half) in which userspace was last told.
 #[map]
-static UNMAPPED_TOLD: LruHashMap<u64, u32> = LruHashMap::with_max_entries(4096, 0);
+static UNMAPPED_TOLD: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
 
-/// A walk of `tgid`'s stack ended at `pc`, outside every mapping userspace gave the walker:
-/// a library loaded since they were read (dlopen), JIT code, or a wrong return address.
-/// Tells userspace, which reads the mappings again if none it knows holds `pc`: once per
-/// interval and megabyte, so that wrong return addresses cost little, while a new library
-/// (new addresses) is told at once.
+/// A walk of `tgid`'s stack, in its life `tag`, ended at `pc`, outside every mapping
+/// userspace gave the walker: a library loaded since they were read (dlopen), JIT code, or a
+/// wrong return address. Tells userspace, which reads the mappings again if none it knows
+/// holds `pc`: once per interval, life and megabyte, so that wrong return addresses cost
+/// little, while a new library (new addresses) is told at once, and so is code a new life
+/// maps where its earlier one had code (an exec'd runtime's JIT at a fixed address).
 #[inline(always)]
-fn announce_unmapped(tgid: u32, pc: u64, set: &BufferSet) {
+fn announce_unmapped(tgid: u32, tag: u16, pc: u64, set: &BufferSet) {
     // Below the first page or above user space: not code, a wrong return address.
     if !(0x1000..walk::USER_SPACE_END).contains(&pc) {
         return;
     }
     let region = ((tgid as u64) << 32) | (pc >> 20);
-    if unsafe { UNMAPPED_TOLD.get(&region) } == Some(&set.generation) {
+    let told = set.generation as u64 | (tag as u64) << 32;
+    if unsafe { UNMAPPED_TOLD.get(&region) } == Some(&told) {
         return;
     }
-    let _ = UNMAPPED_TOLD.insert(&region, &set.generation, 0);
+    let _ = UNMAPPED_TOLD.insert(&region, &told, 0);
     // The walk was the current task's.
     let (tag, start_ns) = current_life();
     let start_stack = current_stack_start();
@@ -533,7 +535,7 @@ fn sample(ctx: &PerfEventContext, set: &BufferSet) -> bool {
     // kernel would walk nothing and return -EFAULT): skip that helper call.
     let regs = unsafe { &(*ctx.ctx).regs };
     let user_mode = walk::in_user_mode(regs);
-    let walked = walk::walk(set, tgid, user_mode.then_some(regs));
+    let walked = walk::walk(set, tgid, key.process_tag, user_mode.then_some(regs));
     match walked {
         Ok(walked) => walked.name_in(&mut key),
         Err(status) => key.user_stack_id = status,
@@ -623,7 +625,7 @@ fn switch_out(ctx: &TracePointContext, set: &BufferSet, state: u64, now: u64) ->
     let mut key = current_key(kind::OFF_CPU, set);
     key.aux = class;
     let last = OFF_CPU_START.get_ptr_mut(&key.pid);
-    match walk::walk(set, tgid, None) {
+    match walk::walk(set, tgid, key.process_tag, None) {
         // Most blocks repeat the thread's last one: if that was in this interval, its user
         // stack is stored already.
         Ok(walked) if last.is_some_and(|last| unsafe { (*last).generation == set.generation && walked.is_named_in(&(*last).key) }) => {

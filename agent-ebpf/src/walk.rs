@@ -73,6 +73,10 @@ pub struct Scratch {
     /// as a local to the walk's end, it made the verifier follow every program on from the
     /// lookup twice (427,000 instructions for `sched_switch` instead of 245,000).
     unloaded: u32,
+    /// The last frame's pc that no mapping of the process holds (0: none), walked through by
+    /// frame pointers: JIT code, or code mapped since userspace read the process. Told at
+    /// the walk's end, so that userspace reads the mappings while the process still lives.
+    outside: u64,
 }
 
 /// A row found for `pc` in the tables of a process's mappings (`generation`): it holds for
@@ -160,17 +164,18 @@ impl Walked {
 /// Walks and stores the user stack of the current task, and names it in the key.
 #[inline(always)]
 pub fn capture(set: &BufferSet, tgid: u32, key: &mut SampleKey) {
-    match walk(set, tgid, None) {
+    match walk(set, tgid, key.process_tag, None) {
         Ok(walked) => store(set, walked, key),
         Err(status) => key.user_stack_id = status,
     }
 }
 
-/// Walks the user stack of the current task into this CPU's walk buffer, or returns a
-/// negative `stack_status` (counted). `regs`: the task's user registers if the caller has
-/// them at hand (a sample taken in user mode), else they are read from the task.
+/// Walks the user stack of the current task (of process `tgid`, in its life `tag`) into this
+/// CPU's walk buffer, or returns a negative `stack_status` (counted). `regs`: the task's user
+/// registers if the caller has them at hand (a sample taken in user mode), else they are
+/// read from the task.
 #[inline(always)]
-pub fn walk(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> Result<Walked, i32> {
+pub fn walk(set: &BufferSet, tgid: u32, tag: u16, regs: Option<&pt_regs>) -> Result<Walked, i32> {
     let (pc, sp, bp) = match regs {
         Some(regs) => (regs.rip, regs.rsp, regs.rbp),
         None => task_user_regs().ok_or(stack_status::NONE)?,
@@ -188,6 +193,7 @@ pub fn walk(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> Result<Walked
         (*stack).stop = unwind_stop::DEPTH;
         (*scratch).mapping = ExecMapping::default();
         (*scratch).unloaded = unloaded;
+        (*scratch).outside = 0;
     }
     let mut walk = Walk {
         pc,
@@ -209,14 +215,20 @@ pub fn walk(set: &BufferSet, tgid: u32, regs: Option<&pt_regs>) -> Result<Walked
         return Err(stack_status::ERROR);
     }
     let stack = unsafe { &mut *stack };
-    // Checked once here, not per frame: one more branch in the loop was too many paths for
-    // the verifier. A walk through unknown code ends there or soon after. The last frame's
-    // row may have been a kept one, found in a mapping other than the last one searched.
-    if mappings.count > 0 && !unsafe { (*scratch).mapping.covers(walk.pc) } {
+    // Where the walk ended is checked here, not per frame: one more branch in the loop was
+    // too many paths for the verifier. A walk through unknown code without frame pointers
+    // ends there or soon after. The last frame's row may have been a kept one, found in a
+    // mapping other than the last one searched.
+    if mappings.count > 0 {
         let looked_up = looked_up(walk.pc, (stack.len as u64).saturating_sub(1));
         let kept = unsafe { &(*scratch).rows[KeptRow::slot(looked_up)] };
-        if !kept.holds(looked_up, mappings.generation) {
-            announce_unmapped(tgid, walk.pc, set);
+        if !unsafe { (*scratch).mapping.covers(walk.pc) } && !kept.holds(looked_up, mappings.generation) {
+            unsafe { (*scratch).outside = walk.pc };
+        }
+        // Loaded from the map either way: one path on from here for the verifier.
+        let outside = unsafe { core::ptr::read_volatile(&(*scratch).outside) };
+        if outside != 0 {
+            announce_unmapped(tgid, tag, outside, set);
         }
     }
     bump(set, counter::UNWIND_STOPS + stack.stop.min(unwind_stop::COUNT - 1));
@@ -410,8 +422,9 @@ fn table_row(walk: &mut Walk, pc: u64, kept: &mut KeptRow) -> Result<UnwindRow, 
     // Neighbouring frames are often in one file: try the last frame's mapping first.
     let last = unsafe { &mut (*walk.scratch).mapping };
     if !last.covers(pc) {
-        if let Some(mapping) = find_mapping(&walk.mappings, pc) {
-            *last = mapping;
+        match find_mapping(&walk.mappings, pc) {
+            Some(mapping) => *last = mapping,
+            None => unsafe { (*walk.scratch).outside = pc },
         }
     }
     let mapping = *last;

@@ -98,7 +98,9 @@ impl Resolver {
         for event in events.iter().filter(|e| latest.get(&e.tgid) == Some(&e.tag)) {
             // A walk that ended in unknown code: read the mappings again unless known code
             // holds it (the programs tell each megabyte once per interval).
-            if event.pc == 0 || !self.processes.holds(event.tgid, event.tag, event.pc) {
+            let read = event.pc == 0 || !self.processes.holds(event.tgid, event.tag, event.pc);
+            tracing::debug!(tgid = event.tgid, tag = event.tag, pc = format_args!("{:#x}", event.pc), read, "process announced");
+            if read {
                 self.processes.capture(event.tgid, Some(Life { tag: event.tag, start_ns: event.start_ns, start_stack: event.start_stack }));
             }
         }
