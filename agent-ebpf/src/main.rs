@@ -289,14 +289,14 @@ fn announce_process(tgid: u32, tag: u16, stage: u8, set: &BufferSet) {
     }
 }
 
-/// Megabytes of a process's address space (tgid << 32 | pc >> 20) where walks ended outside
-/// the mappings userspace gave the walker, and the interval (set generation, low half) and
+/// Megabytes of a process's address space (tgid << 32 | pc >> 20) where walks met code
+/// outside the mappings userspace gave the walker, and the interval (set generation, low half) and
 /// life (`SampleKey::process_tag`, high half) in which userspace was last told.
 #[map]
 static UNMAPPED_TOLD: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 0);
 
-/// A walk of `tgid`'s stack, in its life `tag`, ended at `pc`, outside every mapping
-/// userspace gave the walker: a library loaded since they were read (dlopen), JIT code, or a
+/// A walk of `tgid`'s stack, in its life `tag`, went through or ended at `pc`, outside
+/// every mapping userspace gave the walker: a library loaded since they were read (dlopen), JIT code, or a
 /// wrong return address. Tells userspace, which reads the mappings again if none it knows
 /// holds `pc`: once per interval, life and megabyte, so that wrong return addresses cost
 /// little, while a new library (new addresses) is told at once, and so is code a new life

@@ -215,10 +215,10 @@ pub fn walk(set: &BufferSet, tgid: u32, tag: u16, regs: Option<&pt_regs>) -> Res
         return Err(stack_status::ERROR);
     }
     let stack = unsafe { &mut *stack };
-    // Where the walk ended is checked here, not per frame: one more branch in the loop was
-    // too many paths for the verifier. A walk through unknown code without frame pointers
-    // ends there or soon after. The last frame's row may have been a kept one, found in a
-    // mapping other than the last one searched.
+    // Frames the walk went through outside every mapping were noted where the search for
+    // their mapping failed; where it ended is checked here (one more branch in the loop was
+    // too many paths for the verifier). The last frame's row may have been a kept one, found
+    // in a mapping other than the last one searched.
     if mappings.count > 0 {
         let looked_up = looked_up(walk.pc, (stack.len as u64).saturating_sub(1));
         let kept = unsafe { &(*scratch).rows[KeptRow::slot(looked_up)] };
