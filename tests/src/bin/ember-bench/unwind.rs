@@ -55,13 +55,16 @@ fn tables() -> Result<()> {
     Ok(())
 }
 
-/// `count` sleeping processes of a few different binaries.
+/// `count` sleeping processes of a few different binaries. None starts a child of its own
+/// (`sh -c "sleep 600"` did): a child would outlive the kill at the end, holding the
+/// bench's stderr open for ten minutes.
 fn start_idle(count: usize) -> Result<Processes> {
-    let commands: [&[&str]; 4] = [&["sleep", "600"], &["tail", "-f", "/dev/null"], &["sh", "-c", "sleep 600"], &["perl", "-e", "sleep 600"]];
+    let commands: [&[&str]; 4] = [&["sleep", "600"], &["tail", "-f", "/dev/null"], &["sh", "-c", "read line"], &["perl", "-e", "sleep 600"]];
     let children = (0..count)
         .map(|i| {
             let argv = commands[i % commands.len()];
-            Command::new(argv[0]).args(&argv[1..]).stdout(Stdio::null()).spawn()
+            // The shell waits on a pipe that nothing writes to.
+            Command::new(argv[0]).args(&argv[1..]).stdin(Stdio::piped()).stdout(Stdio::null()).spawn()
         })
         .collect::<Result<_, _>>()
         .context("starting idle processes")?;
