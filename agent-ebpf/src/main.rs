@@ -303,8 +303,8 @@ static UNMAPPED_TOLD: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 
 /// maps where its earlier one had code (an exec'd runtime's JIT at a fixed address).
 #[inline(always)]
 fn announce_unmapped(tgid: u32, tag: u16, pc: u64, set: &BufferSet) {
-    // Below the first page or above user space: not code, a wrong return address.
-    if !(0x1000..walk::USER_SPACE_END).contains(&pc) {
+    // Not code: a wrong return address.
+    if !walk::in_user_space(pc) {
         return;
     }
     let region = ((tgid as u64) << 32) | (pc >> 20);
@@ -313,8 +313,8 @@ fn announce_unmapped(tgid: u32, tag: u16, pc: u64, set: &BufferSet) {
         return;
     }
     let _ = UNMAPPED_TOLD.insert(&region, &told, 0);
-    // The walk was the current task's.
-    let (tag, start_ns) = current_life();
+    // The walk was the current task's. (Its life is the one its samples are keyed by.)
+    let start_ns = current_life().1;
     let start_stack = current_stack_start();
     if PROCESS_EVENTS.output::<ProcessEvent>(&ProcessEvent { tgid, tag, _pad: 0, pc, start_ns, start_stack }, 0).is_err() {
         bump(set, counter::PROCESS_EVENT_LOST);

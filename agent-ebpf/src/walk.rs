@@ -44,7 +44,14 @@ static WALK: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
 static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
 /// Where x86-64 user space ends (47-bit addresses).
-pub const USER_SPACE_END: u64 = 0x8000_0000_0000;
+const USER_SPACE_END: u64 = 0x8000_0000_0000;
+
+/// Whether `addr` may be an address of user code: not in the first page, not beyond user
+/// space (a frame pointer that is not one reads a word of data, often neither).
+#[inline(always)]
+pub fn in_user_space(addr: u64) -> bool {
+    (0x1000..USER_SPACE_END).contains(&addr)
+}
 
 /// Bytes of user stack copied at a time.
 const WINDOW_BYTES: u64 = 512;
@@ -362,9 +369,8 @@ fn caller(walk: &mut Walk, pc: u64) -> Result<(u64, u64, u64), u32> {
     if ra == 0 {
         return Err(unwind_stop::END); // a thread's first frame has no return address
     }
-    // Below the first page or above user space: no code's address (a frame pointer that is
-    // not one read a word of data), not a frame to show.
-    if !(0x1000..USER_SPACE_END).contains(&ra) {
+    // No code's address: not a frame to show.
+    if !in_user_space(ra) {
         return Err(unwind_stop::BAD_FRAME);
     }
     Ok((ra, cfa, bp))

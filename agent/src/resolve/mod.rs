@@ -96,8 +96,8 @@ impl Resolver {
         // its earlier lives in this batch are read too late (their samples stay unnamed).
         let latest: HashMap<u32, u16> = events.iter().map(|e| (e.tgid, e.tag)).collect();
         for event in events.iter().filter(|e| latest.get(&e.tgid) == Some(&e.tag)) {
-            // A walk that ended in unknown code: read the mappings again unless known code
-            // holds it (the programs tell each megabyte once per interval).
+            // A walk through unknown code: read the mappings again unless known code holds
+            // it (the programs tell each megabyte once per interval and life).
             let read = event.pc == 0 || !self.processes.holds(event.tgid, event.tag, event.pc);
             tracing::debug!(tgid = event.tgid, tag = event.tag, pc = format_args!("{:#x}", event.pc), read, "process announced");
             if read {
