@@ -248,7 +248,7 @@ pub const MAX_TABLE_ROWS: u32 = 1 << 23;
 
 /// An executable mapping of a process, as the walker sees it.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ExecMapping {
     pub start: u64,
     pub end: u64,
@@ -295,8 +295,9 @@ pub const MAX_MAPPINGS: u32 = 1024;
 pub struct ProcessMappings {
     pub first: u32,
     pub count: u32,
-    /// Tells this load of the mappings from every other (of any process): the walker keeps
-    /// rows found under it, which hold for no other. Never 0.
+    /// Names these mappings while any process has them loaded: processes whose mappings are
+    /// the same (workers forked from one parent) share them, and the rows the walker keeps
+    /// under this generation. Never 0, and never given to other mappings.
     pub generation: u32,
 }
 

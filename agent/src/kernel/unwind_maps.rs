@@ -16,8 +16,6 @@ pub struct UnwindMaps {
     pages: Array<MapData, PageRows>,
     mappings: Array<MapData, ExecMapping>,
     processes: BpfHashMap<MapData, u32, ProcessMappings>,
-    /// The last `ProcessMappings::generation` handed out.
-    generation: u32,
 }
 
 impl UnwindMaps {
@@ -27,7 +25,7 @@ impl UnwindMaps {
         mappings: Array<MapData, ExecMapping>,
         processes: BpfHashMap<MapData, u32, ProcessMappings>,
     ) -> UnwindMaps {
-        UnwindMaps { rows, pages, mappings, processes, generation: 0 }
+        UnwindMaps { rows, pages, mappings, processes }
     }
 
     /// Rows the row array holds (the table memory budget).
@@ -50,13 +48,21 @@ impl UnwindMaps {
         write(&self.pages, first_page, pages).context("writing an unwind page index")
     }
 
-    /// Writes a process's mappings from index `first`, then points the process at them.
-    pub fn set_process(&mut self, tgid: u32, first: u32, mappings: &[ExecMapping]) -> Result<()> {
-        write(&self.mappings, first, mappings).context("writing process mappings")?;
-        // Wraps after 4 billion loads; 0 means none.
-        self.generation = self.generation.checked_add(1).unwrap_or(1);
-        let entry = ProcessMappings { first, count: mappings.len() as u32, generation: self.generation };
+    /// Writes mappings from index `first`. Programs must not read these yet (the caller
+    /// points processes at them afterwards).
+    pub fn write_mappings(&mut self, first: u32, mappings: &[ExecMapping]) -> Result<()> {
+        write(&self.mappings, first, mappings).context("writing process mappings")
+    }
+
+    /// Points a process at its mappings.
+    pub fn set_process(&mut self, tgid: u32, entry: ProcessMappings) -> Result<()> {
         self.processes.insert(tgid, entry, 0).with_context(|| format!("loading the mappings of process {tgid}"))
+    }
+
+    /// The mappings a process is pointed at, as the programs read them.
+    #[cfg(test)]
+    pub fn process(&self, tgid: u32) -> Option<ProcessMappings> {
+        self.processes.get(&tgid, 0).ok()
     }
 
     /// Forgets a process (the kernel also does when it exits; a miss is fine).

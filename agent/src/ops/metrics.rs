@@ -47,6 +47,8 @@ const HELP: &[(&str, &str)] = &[
     ("ember_unwind_over_budget", "Executables left out of the unwind table budget (walked by frame pointers until room appears)"),
     ("ember_unwind_tables_readmitted_total", "Unwind tables left out of the budget and built again once room appeared (their processes are loaded again)"),
     ("ember_unwind_rows_used", "Unwind table rows loaded in the kernel"),
+    ("ember_unwind_mappings_loaded", "Executable mappings loaded for the walker (held for a drain after their last process goes); processes whose mappings are the same share one copy"),
+    ("ember_unwind_layouts", "Distinct sets of executable mappings loaded for the walker: processes with the same mappings (forked workers) count once"),
     ("ember_unwind_rows_capacity", "Unwind table rows the kernel can hold (unwind_table_mib)"),
     ("ember_unwind_build_seconds_total", "Time spent building unwind tables"),
     ("ember_unwind_tables_built_total", "Unwind tables built (each executable once while its table stays loaded)"),

@@ -6,9 +6,13 @@
 //! table that does not fit even after the idle ones are evicted is left out, and its code is
 //! walked by frame pointers (counted in metrics) until room for it appears: then the processes
 //! that map it are loaded again, with it.
-use std::{collections::HashMap, path::PathBuf, time::Instant};
+//!
+//! Processes whose mappings are the same (a server's workers, forked from one parent) share
+//! one copy of them in the kernel, and with it the rows the walker keeps per CPU: two such
+//! processes taking turns on a CPU then find each other's rows.
+use std::{collections::HashMap, path::PathBuf, sync::Arc, time::Instant};
 
-use agent_common::{ExecMapping, MAX_MAPPINGS};
+use agent_common::{ExecMapping, ProcessMappings, MAX_MAPPINGS};
 use anyhow::{Context as _, Result};
 
 use super::{
@@ -53,11 +57,25 @@ pub struct Unwinder {
     rows: Space,
     pages: Space,
     tables: HashMap<TableKey, Table>,
-    /// Slots of the mapping array, and which each loaded process holds (first, count).
+    /// Slots of the mapping array, each range holding the mappings of one layout.
     slots: Space,
-    processes: HashMap<u32, (u32, u32)>,
+    layouts: HashMap<Layout, Shared>,
+    /// Each loaded process's layout.
+    processes: HashMap<u32, Layout>,
+    /// The last `ProcessMappings::generation` handed out.
+    generation: u32,
     /// Intervals ended (`retain` calls).
     intervals: u64,
+}
+
+/// A process's executable mappings with tables, as the walker sees them, sorted by address.
+/// Equal layouts unwind every pc alike: they name the same tables at the same addresses.
+type Layout = Arc<[ExecMapping]>;
+
+/// A layout loaded in the mapping array, and how many processes it serves.
+struct Shared {
+    entry: ProcessMappings,
+    processes: u32,
 }
 
 impl Unwinder {
@@ -69,7 +87,9 @@ impl Unwinder {
             slots: Space::new(maps.mapping_capacity()),
             maps,
             tables: HashMap::new(),
+            layouts: HashMap::new(),
             processes: HashMap::new(),
+            generation: 0,
             intervals: 0,
         }
     }
@@ -88,21 +108,59 @@ impl Unwinder {
             tracing::warn!(tgid, "more than {MAX_MAPPINGS} executable mappings: the rest are walked by frame pointers");
             mappings.truncate(MAX_MAPPINGS as usize);
         }
-        let count = mappings.len() as u32;
-        let first = if count == 0 { 0 } else { self.slots.take(count).context("the mapping array is full")? };
-        self.maps.set_process(tgid, first, &mappings)?;
-        // A process loaded before (exec, dlopen) gives its old slots back.
-        let old = if count == 0 { self.processes.remove(&tgid) } else { self.processes.insert(tgid, (first, count)) };
-        if let Some((first, count)) = old {
-            self.slots.give_back(first, count);
+        let layout: Layout = mappings.into();
+        let entry = self.share(&layout)?;
+        if let Err(e) = self.maps.set_process(tgid, entry) {
+            self.release(&layout);
+            return Err(e);
         }
+        // A process loaded before (exec, dlopen) lets go of its old layout.
+        if let Some(old) = self.processes.insert(tgid, layout) {
+            self.release(&old);
+        }
+        self.publish();
         Ok(())
     }
 
     pub fn forget_process(&mut self, tgid: u32) {
         self.maps.remove_process(tgid);
-        if let Some((first, count)) = self.processes.remove(&tgid) {
-            self.slots.give_back(first, count);
+        if let Some(layout) = self.processes.remove(&tgid) {
+            self.release(&layout);
+        }
+    }
+
+    /// The layout's entry for one more process: the loaded copy, or a new one.
+    fn share(&mut self, layout: &Layout) -> Result<ProcessMappings> {
+        if let Some(shared) = self.layouts.get_mut(layout) {
+            shared.processes += 1;
+            return Ok(shared.entry);
+        }
+        let count = layout.len() as u32;
+        let first = if count == 0 { 0 } else { self.slots.take(count).context("the mapping array is full")? };
+        if let Err(e) = self.maps.write_mappings(first, layout) {
+            // No process was pointed at them: free at once.
+            self.slots.give_back_now(first, count);
+            return Err(e);
+        }
+        // A new number for every layout loaded, even one equal to a layout loaded before
+        // (whose tables may have been evicted and others loaded at their rows since): rows
+        // kept under an old number never hold again. Wraps after 4 billion; 0 means none.
+        self.generation = self.generation.checked_add(1).unwrap_or(1);
+        let entry = ProcessMappings { first, count, generation: self.generation };
+        self.layouts.insert(layout.clone(), Shared { entry, processes: 1 });
+        Ok(entry)
+    }
+
+    /// One process less on the layout; the last one gives its slots back.
+    fn release(&mut self, layout: &Layout) {
+        let Some(shared) = self.layouts.get_mut(layout) else { return };
+        shared.processes -= 1;
+        if shared.processes == 0 {
+            let entry = shared.entry;
+            self.layouts.remove(layout);
+            if entry.count > 0 {
+                self.slots.give_back(entry.first, entry.count);
+            }
         }
     }
 
@@ -233,9 +291,82 @@ impl Unwinder {
         metrics::set("ember_unwind_tables", &[], loaded as f64);
         metrics::set("ember_unwind_over_budget", &[], over_budget as f64);
         metrics::set("ember_unwind_rows_used", &[], self.rows.used() as f64);
+        metrics::set("ember_unwind_mappings_loaded", &[], self.slots.used() as f64);
+        metrics::set("ember_unwind_layouts", &[], self.layouts.len() as f64);
     }
 }
 
 fn fits(needs: (u32, u32), room: (u32, u32)) -> bool {
     needs.0 <= room.0 && needs.1 <= room.1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MappedFile, Unwinder};
+    use crate::{
+        kernel::{KernelSettings, Sampler},
+        resolve::{Binary, MapsLine},
+    };
+
+    /// This test binary's executable file mappings, as the resolve stage hands them over.
+    fn own_files() -> Vec<MappedFile> {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let lines = maps.lines().filter_map(MapsLine::parse).filter(|line| line.executable && line.path.starts_with('/'));
+        lines
+            .map(|line| MappedFile {
+                start: line.start,
+                end: line.end,
+                file_offset: line.file_offset,
+                key: Binary::open(line.path).table_key(),
+                path: line.path.into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn processes_with_the_same_mappings_share_one_copy_and_its_kept_rows() {
+        assert_eq!(unsafe { libc::geteuid() }, 0, "this test loads BPF programs: run it as root");
+        // Large enough for the tables of this binary and libc.
+        let settings = KernelSettings { unwind_rows: 1 << 20, ..KernelSettings::for_tests() };
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let _entered = runtime.enter();
+        let (_sampler, _announcements, maps) = Sampler::start(&settings).expect("starting the sampler");
+        let mut unwinder = Unwinder::new(maps);
+        let files = own_files();
+        // Tgids above the kernel's pid limit: no process's samples read these entries.
+        let (a, b, c, d) = (1 << 23, (1 << 23) + 1, (1 << 23) + 2, (1 << 23) + 3);
+        let entry = |unwinder: &Unwinder, tgid| unwinder.maps.process(tgid);
+
+        unwinder.load_process(a, &files).unwrap();
+        unwinder.load_process(b, &files).unwrap();
+        let shared = entry(&unwinder, a).expect("a is loaded");
+        assert!(shared.count > 0, "this binary's code has a table");
+        assert_eq!(entry(&unwinder, b), Some(shared), "equal mappings share one copy and its generation");
+        assert_eq!(unwinder.slots.used(), shared.count);
+
+        // One mapping fewer (a library not loaded yet): another layout.
+        unwinder.load_process(c, &files[..files.len() - 1]).unwrap();
+        let other = entry(&unwinder, c).expect("c is loaded");
+        assert_ne!(other.first, shared.first);
+        assert_ne!(other.generation, shared.generation);
+        assert_eq!(unwinder.slots.used(), shared.count + other.count);
+
+        // The layout stays while a process has it; the last one gives it back.
+        unwinder.forget_process(a);
+        assert_eq!(entry(&unwinder, a), None);
+        assert_eq!(entry(&unwinder, b), Some(shared));
+        unwinder.forget_process(b);
+        assert_eq!(unwinder.layouts.len(), 1, "only c's layout is left");
+
+        // The same mappings loaded again get a new generation: rows kept under the old one
+        // may be of tables evicted since, and must never hold again.
+        unwinder.load_process(d, &files).unwrap();
+        let again = entry(&unwinder, d).expect("d is loaded");
+        assert!(again.generation != shared.generation && again.generation != other.generation);
+
+        // A process loaded again with another layout lets go of its old one.
+        unwinder.load_process(c, &files).unwrap();
+        assert_eq!(entry(&unwinder, c), Some(again));
+        assert_eq!(unwinder.layouts.len(), 1);
+    }
 }

@@ -3,8 +3,10 @@
 //! program that records both stacks, and with Ember's off-CPU profiling. With `--deep`, the
 //! ping-pong is `phases pipe` built with frame pointers: every switch has a 100-deep user
 //! stack, which bpftrace's frame-pointer walk follows as far as Ember's table walk.
+//! Then both profilers attached at once, in both orders, over one ping-pong each: the host's
+//! speed, which moves from minute to minute on a VM, then moves both figures alike.
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::Command,
     time::Duration,
 };
@@ -14,7 +16,7 @@ use ember_tests::nofp;
 
 use super::{empty_dir, 
     oncpu::{mean_frames, stacks, Profiler as Stacks},
-    opt, release_bin, Profiler,
+    opt, release_bin, Profiler, Snapshot,
 };
 
 const WARM_UP: Duration = Duration::from_secs(3);
@@ -59,13 +61,8 @@ pub fn run(seconds: u64, deep: bool) -> Result<()> {
     println!("bench offcpu: {workload}, ~{seconds}s per run");
     let baseline = pipe_latency(&ping_pong, seconds)?;
     let dir = empty_dir("offcpu")?;
-    let mut bpftrace = Command::new("bpftrace");
-    bpftrace.args(["-e", "tracepoint:sched:sched_switch { @[kstack, ustack] = count(); }"]);
-    bpftrace.stdout(std::fs::File::create(dir.join("bpftrace.out"))?);
-    let mut ember = Command::new(release_bin("ember-agent"));
-    ember.args(["run", "--events", "offcpu", "--output-dir"]).arg(dir.join("profiles"));
     let mut rows = vec![("no profiler", None, baseline, None)];
-    for (name, kind, command) in [("bpftrace sched_switch", Stacks::Bpftrace, bpftrace), ("ember-agent offcpu", Stacks::Ember, ember)] {
+    for (name, kind, command) in [(BPFTRACE, Stacks::Bpftrace, bpftrace(&dir)?), (EMBER, Stacks::Ember, ember(&dir))] {
         let profiler = Profiler::start(name, command)?;
         std::thread::sleep(WARM_UP);
         let before = profiler.snapshot()?;
@@ -79,6 +76,11 @@ pub fn run(seconds: u64, deep: bool) -> Result<()> {
         rows.push((name, after.bpf_ns_per_run_since(&before), latency, frames));
         println!("  {name}: done");
     }
+    let mut together = Vec::new();
+    for ember_first in [false, true] {
+        together.push((ember_first, measure_together(&ping_pong, seconds, ember_first)?));
+        println!("  at once, {} attached first: done", if ember_first { EMBER } else { BPFTRACE });
+    }
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&built);
     println!();
@@ -88,6 +90,56 @@ pub fn run(seconds: u64, deep: bool) -> Result<()> {
     for (name, ns, latency, frames) in rows {
         println!("| {name} | {} | {latency:.2} | {:.2}x | {} |", opt(ns, 0), latency / baseline, opt(frames, 1));
     }
+    println!();
+    println!("At once: both attached, ns per run of each one's sched_switch program over one ping-pong. The program attached second runs second, on lines the first made warm");
+    println!("| attached first | bpftrace ns/run | ember-agent ns/run | ember-agent / bpftrace |");
+    println!("|---|---|---|---|");
+    let mut product = 1.0;
+    for &(ember_first, (bpftrace, ember)) in &together {
+        product *= ember / bpftrace;
+        println!("| {} | {bpftrace:.0} | {ember:.0} | {:.2}x |", if ember_first { EMBER } else { BPFTRACE }, ember / bpftrace);
+    }
+    println!("| both orders (geometric mean) | | | {:.2}x |", product.sqrt());
     Ok(())
+}
+
+const BPFTRACE: &str = "bpftrace sched_switch";
+const EMBER: &str = "ember-agent offcpu";
+
+fn bpftrace(dir: &Path) -> Result<Command> {
+    let mut bpftrace = Command::new("bpftrace");
+    bpftrace.args(["-e", "tracepoint:sched:sched_switch { @[kstack, ustack] = count(); }"]);
+    bpftrace.stdout(std::fs::File::create(dir.join("bpftrace.out"))?);
+    Ok(bpftrace)
+}
+
+fn ember(dir: &Path) -> Command {
+    let mut ember = Command::new(release_bin("ember-agent"));
+    ember.args(["run", "--events", "offcpu", "--output-dir"]).arg(dir.join("profiles"));
+    ember
+}
+
+/// BPF ns per run of bpftrace's program and of Ember's, attached at once (in the order
+/// given, each warmed up before the next starts) and measured over one ping-pong.
+fn measure_together(ping_pong: &PingPong, seconds: u64, ember_first: bool) -> Result<(f64, f64)> {
+    let dir = empty_dir("offcpu-together")?;
+    let start = |ember_now: bool| -> Result<Profiler> {
+        let profiler = if ember_now { Profiler::start(EMBER, ember(&dir))? } else { Profiler::start(BPFTRACE, bpftrace(&dir)?)? };
+        std::thread::sleep(WARM_UP);
+        Ok(profiler)
+    };
+    let first = start(ember_first)?;
+    let second = start(!ember_first)?;
+    let (bpftrace, ember) = if ember_first { (second, first) } else { (first, second) };
+    let before = (bpftrace.snapshot()?, ember.snapshot()?);
+    pipe_latency(ping_pong, seconds)?;
+    let after = (bpftrace.snapshot()?, ember.snapshot()?);
+    // bpftrace's output is not used here, and printing it (naming every stack) takes long:
+    // it is killed (on drop).
+    drop(bpftrace);
+    ember.stop()?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let ns = |after: Snapshot, before: Snapshot| after.bpf_ns_per_run_since(&before).context("no BPF runs in the window");
+    Ok((ns(after.0, before.0)?, ns(after.1, before.1)?))
 }
 
