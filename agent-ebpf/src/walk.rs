@@ -53,8 +53,9 @@ pub fn in_user_space(addr: u64) -> bool {
     (0x1000..USER_SPACE_END).contains(&addr)
 }
 
-/// Bytes of user stack copied at a time.
-const WINDOW_BYTES: u64 = 512;
+/// Bytes of user stack copied at a time. Each copy has a fixed cost: off-CPU on a pipe
+/// ping-pong, 1024 cost 3% less than 512 and 256 cost 8% more (BENCHMARKS.md, session 26).
+const WINDOW_BYTES: u64 = 1024;
 const WINDOW_WORDS: usize = (WINDOW_BYTES / 8) as usize;
 
 /// What a walk keeps in map memory rather than in `Walk`: the verifier follows the values of

@@ -109,6 +109,8 @@ fn python_functions_are_named_and_walked_through_the_perf_trampolines() {
     command.args(["-X", "perf"]).arg(Path::new(JIT_FIXTURES).join("split.py"));
     let fixture = Fixture::spawn_with(command, "split", SECONDS, &[]);
     let pid = fixture.pid();
+    // `-X perf` writes the map, and leaves it when it exits.
+    let _remove = RemoveOnDrop(PathBuf::from(format!("/tmp/perf-{pid}.map")));
     let (samples, run) = record(&dir, fixture, pid);
     check("python", &samples, &run, |f| f == "<module>");
 }
