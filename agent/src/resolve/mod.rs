@@ -22,10 +22,8 @@ pub use cgroups::cgroup_id;
 pub use interval::{ResolvedInterval, ResolvedSample, Site};
 pub use procs::{Binary, UserAddress};
 pub use targets::Targets;
-#[cfg(any(fuzzing, test))]
-pub use procs::MapsLine;
 #[cfg(fuzzing)]
-pub use targets::from_cgroup_path;
+pub use {procs::MapsLine, targets::from_cgroup_path};
 
 use crate::{
     kernel::{tracefs::Format, Announcements, KernelSettings, Sampler},

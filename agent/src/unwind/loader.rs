@@ -302,23 +302,27 @@ fn fits(needs: (u32, u32), room: (u32, u32)) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{MappedFile, Unwinder};
-    use crate::{
-        kernel::{KernelSettings, Sampler},
-        resolve::{Binary, MapsLine},
-    };
+    use std::os::unix::fs::MetadataExt as _;
 
-    /// This test binary's executable file mappings, as the resolve stage hands them over.
+    use super::{MappedFile, TableKey, Unwinder};
+    use crate::kernel::{KernelSettings, Sampler};
+
+    /// This test binary's executable file mappings, keyed by device and inode.
     fn own_files() -> Vec<MappedFile> {
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-        let lines = maps.lines().filter_map(MapsLine::parse).filter(|line| line.executable && line.path.starts_with('/'));
+        let lines = maps.lines().map(|line| line.split_whitespace().collect::<Vec<_>>());
         lines
-            .map(|line| MappedFile {
-                start: line.start,
-                end: line.end,
-                file_offset: line.file_offset,
-                key: Binary::open(line.path).table_key(),
-                path: line.path.into(),
+            .filter(|f| f.len() >= 6 && f[1].contains('x') && f[5].starts_with('/'))
+            .map(|f| {
+                let (start, end) = f[0].split_once('-').unwrap();
+                let meta = std::fs::metadata(f[5]).unwrap();
+                MappedFile {
+                    start: u64::from_str_radix(start, 16).unwrap(),
+                    end: u64::from_str_radix(end, 16).unwrap(),
+                    file_offset: u64::from_str_radix(f[2], 16).unwrap(),
+                    key: TableKey::File(meta.dev(), meta.ino()),
+                    path: f[5].into(),
+                }
             })
             .collect()
     }
