@@ -118,7 +118,6 @@ impl Unwinder {
         if let Some(old) = self.processes.insert(tgid, layout) {
             self.release(&old);
         }
-        self.publish();
         Ok(())
     }
 

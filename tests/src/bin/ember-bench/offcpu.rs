@@ -142,4 +142,3 @@ fn measure_together(ping_pong: &PingPong, seconds: u64, ember_first: bool) -> Re
     let ns = |after: Snapshot, before: Snapshot| after.bpf_ns_per_run_since(&before).context("no BPF runs in the window");
     Ok((ns(after.0, before.0)?, ns(after.1, before.1)?))
 }
-
