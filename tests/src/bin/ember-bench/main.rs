@@ -139,18 +139,42 @@ impl Profiler {
 
     /// SIGINT (every profiler here stops and writes its output on it), bounded wait.
     pub fn stop(mut self) -> Result<()> {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while self.child.try_wait()?.is_none() {
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                bail!("{} did not stop within 120 s of SIGINT", self.name);
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if !self.interrupt()? {
+            bail!("{} did not stop within {STOP_WAIT:?} of SIGINT", self.name);
         }
         Ok(())
     }
+
+    /// `stop`, for a peer whose output only adds to its row: bpftrace names every stack it
+    /// counted as it exits, which once took more than two minutes. One that does not exit in
+    /// time is killed and told; false then, and its output is to be left out.
+    pub fn stop_for_output(mut self) -> Result<bool> {
+        let stopped = self.interrupt()?;
+        if !stopped {
+            println!("  note: {} did not exit within {STOP_WAIT:?} of SIGINT: its output is left out", self.name);
+        }
+        Ok(stopped)
+    }
+
+    /// SIGINT, then up to `STOP_WAIT` for the process to exit; false if it did not (it is
+    /// killed then).
+    fn interrupt(&mut self) -> Result<bool> {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let deadline = Instant::now() + STOP_WAIT;
+        while self.child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(true)
+    }
 }
+
+/// How long a profiler may take to exit after SIGINT.
+const STOP_WAIT: Duration = Duration::from_secs(120);
 
 /// A profiler left running by a measurement that failed before stopping it must not outlive
 /// the bench (nor keep its programs attached).
@@ -161,6 +185,19 @@ impl Drop for Profiler {
             let _ = self.child.wait();
         }
     }
+}
+
+/// BPF ns per run of each profiler's programs over one `run` with all of them attached. Run
+/// one after the other, each figure moves with the host's speed in its own minutes (on this
+/// VM, by a third between runs a few minutes apart); at once, the host moves them alike.
+pub fn ns_per_run_at_once<T>(profilers: &[&Profiler], run: impl FnOnce() -> Result<T>) -> Result<Vec<f64>> {
+    let before = profilers.iter().map(|p| p.snapshot()).collect::<Result<Vec<_>>>()?;
+    run()?;
+    profilers
+        .iter()
+        .zip(&before)
+        .map(|(p, before)| p.snapshot()?.bpf_ns_per_run_since(before).with_context(|| format!("{}: no BPF runs in the window", p.name)))
+        .collect()
 }
 
 impl Snapshot {

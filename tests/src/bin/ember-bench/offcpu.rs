@@ -14,9 +14,10 @@ use std::{
 use anyhow::{Context as _, Result};
 use ember_tests::nofp;
 
-use super::{empty_dir, 
+use super::{
+    empty_dir, ns_per_run_at_once,
     oncpu::{mean_frames, stacks, Profiler as Stacks},
-    opt, release_bin, Profiler, Snapshot,
+    opt, release_bin, Profiler,
 };
 
 const WARM_UP: Duration = Duration::from_secs(3);
@@ -68,11 +69,11 @@ pub fn run(seconds: u64, deep: bool) -> Result<()> {
         let before = profiler.snapshot()?;
         let latency = pipe_latency(&ping_pong, seconds)?;
         let after = profiler.snapshot()?;
-        profiler.stop()?;
+        let printed = if kind == Stacks::Ember { profiler.stop().map(|()| true)? } else { profiler.stop_for_output()? };
         // Kernel and user frames per recorded switch, over every task's (the ping-pong's are
         // nearly all of them): whether the stacks are equally deep. Ember's include its
         // block-state frame; its first profile, the warm-up's, is left out.
-        let frames = mean_frames(&stacks(kind, None, &dir));
+        let frames = if printed { mean_frames(&stacks(kind, None, &dir)) } else { None };
         rows.push((name, after.bpf_ns_per_run_since(&before), latency, frames));
         println!("  {name}: done");
     }
@@ -131,14 +132,11 @@ fn measure_together(ping_pong: &PingPong, seconds: u64, ember_first: bool) -> Re
     let first = start(ember_first)?;
     let second = start(!ember_first)?;
     let (bpftrace, ember) = if ember_first { (second, first) } else { (first, second) };
-    let before = (bpftrace.snapshot()?, ember.snapshot()?);
-    pipe_latency(ping_pong, seconds)?;
-    let after = (bpftrace.snapshot()?, ember.snapshot()?);
+    let ns = ns_per_run_at_once(&[&bpftrace, &ember], || pipe_latency(ping_pong, seconds))?;
     // bpftrace's output is not used here, and printing it (naming every stack) takes long:
     // it is killed (on drop).
     drop(bpftrace);
     ember.stop()?;
     let _ = std::fs::remove_dir_all(&dir);
-    let ns = |after: Snapshot, before: Snapshot| after.bpf_ns_per_run_since(&before).context("no BPF runs in the window");
-    Ok((ns(after.0, before.0)?, ns(after.1, before.1)?))
+    Ok((ns[0], ns[1]))
 }

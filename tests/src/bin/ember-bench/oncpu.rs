@@ -14,7 +14,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use ember_tests::{bigdebug, nofp, perf_script, Decoded};
 
-use super::{empty_dir, opt, release_bin, Profiler as Running, Snapshot};
+use super::{empty_dir, ns_per_run_at_once, opt, release_bin, Profiler as Running};
 
 /// Before measuring, each profiler attaches (bpftrace compiles its script), sees the workload
 /// binaries once (a short priming run), and Ember completes its first 10 s interval, whose
@@ -252,38 +252,44 @@ pub fn run(seconds: u64, frequencies: &[u64], no_frame_pointers: bool, deep: boo
         );
     }
     println!();
-    println!("At once: bpftrace and ember-agent attached together, BPF ns/sample over one window (the host's speed moves both alike)");
-    println!("| Hz | bpftrace profile | ember-agent | ember-agent / bpftrace |");
-    println!("|---|---|---|---|");
-    for (hz, (bpftrace, ember)) in together {
-        println!("| {hz} | {bpftrace:.0} | {ember:.0} | {:.2}x |", ember / bpftrace);
+    println!("At once: bpftrace, bpftrace counting by thread name with no stack (`@[comm] = count()`) and ember-agent attached together, BPF ns/sample over one window (the host's speed moves all alike)");
+    println!("| Hz | bpftrace profile | bpftrace, no stack | ember-agent | ember-agent / bpftrace | no stack / bpftrace |");
+    println!("|---|---|---|---|---|---|");
+    for (hz, t) in together {
+        println!("| {hz} | {:.0} | {:.0} | {:.0} | {:.2}x | {:.2}x |", t.bpftrace, t.no_stack, t.ember, t.ember / t.bpftrace, t.no_stack / t.bpftrace);
     }
     Ok(())
 }
 
-/// BPF ns/sample of bpftrace and of Ember attached at once and measured over one window. Run
-/// one after the other, each profiler's figure moves with the host's speed in its own minutes
-/// (on this VM, by a third between runs a few minutes apart), and their ratio with both.
-fn measure_together(setup: &Setup, hz: u64, window: Duration) -> Result<(f64, f64)> {
+/// BPF ns/sample of bpftrace's program, of bpftrace counting by thread name alone (no stack:
+/// the floor under what any program that takes a stack costs) and of Ember's, attached at
+/// once and measured over one window.
+fn measure_together(setup: &Setup, hz: u64, window: Duration) -> Result<Together> {
     let workload = &setup.workload;
     let dir = empty_dir("together")?;
     let beside = setup.start_beside(window)?;
     let start = |profiler: Profiler| -> Result<Running> {
         Running::start(profiler.name(workload), profiler.command(hz, Scope::Host, workload.perf_call_graph(), INTERVAL, &dir)?)
     };
-    let (bpftrace, ember) = (start(Profiler::Bpftrace)?, start(Profiler::Ember)?);
+    let mut no_stack = Command::new("bpftrace");
+    no_stack.args(["-e", &format!("profile:hz:{hz} {{ @[comm] = count(); }}")]).stdout(Stdio::null());
+    let (bpftrace, no_stack, ember) = (start(Profiler::Bpftrace)?, Running::start("bpftrace, no stack", no_stack)?, start(Profiler::Ember)?);
     warm_up(setup, &dir, true)?;
-    let before = (bpftrace.snapshot()?, ember.snapshot()?);
-    run_workload(setup, window)?;
-    let after = (bpftrace.snapshot()?, ember.snapshot()?);
+    let ns = ns_per_run_at_once(&[&bpftrace, &no_stack, &ember], || run_workload(setup, window))?;
     // bpftrace's output is not used here, and printing it means naming every stack it
     // counted, ember-agent's among them: more than two minutes. So it is killed (on drop).
-    drop(bpftrace);
+    drop((bpftrace, no_stack));
     ember.stop()?;
     drop(beside);
     let _ = fs::remove_dir_all(&dir);
-    let ns = |after: Snapshot, before: Snapshot| after.bpf_ns_per_run_since(&before).context("no BPF runs in the window");
-    Ok((ns(after.0, before.0)?, ns(after.1, before.1)?))
+    Ok(Together { bpftrace: ns[0], no_stack: ns[1], ember: ns[2] })
+}
+
+/// BPF ns/sample of the programs `measure_together` attaches.
+struct Together {
+    bpftrace: f64,
+    no_stack: f64,
+    ember: f64,
 }
 
 /// The workers' workload, and a binary that runs beside them (not counted in throughput).
@@ -342,7 +348,7 @@ fn measure(profiler: Profiler, setup: &Setup, hz: u64, window: Duration, baselin
     let throughput = run_workload(setup, window)?;
     let elapsed = started.elapsed().as_secs_f64();
     let after = profiler_process.snapshot()?;
-    profiler_process.stop()?;
+    let printed = if profiler == Profiler::Ember { profiler_process.stop().map(|()| true)? } else { profiler_process.stop_for_output()? };
     drop(beside);
     let row = Row {
         profiler: profiler.name(workload),
@@ -355,7 +361,7 @@ fn measure(profiler: Profiler, setup: &Setup, hz: u64, window: Duration, baselin
         end_file_rss_mib: after.file_rss_mib,
         map_mib: after.map_mib(),
         throughput_ratio: throughput / baseline,
-        judged: workload.judge(&stacks(profiler, Some(workload.comm()), &dir)),
+        judged: if printed { workload.judge(&stacks(profiler, Some(workload.comm()), &dir)) } else { "not printed".into() },
     };
     let _ = fs::remove_dir_all(&dir);
     Ok(row)
