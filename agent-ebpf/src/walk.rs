@@ -53,9 +53,14 @@ pub fn in_user_space(addr: u64) -> bool {
     (0x1000..USER_SPACE_END).contains(&addr)
 }
 
-/// Bytes of user stack copied at a time. Each copy has a fixed cost: off-CPU on a pipe
-/// ping-pong, 1024 cost 3% less than 512 and 256 cost 8% more (BENCHMARKS.md, session 26).
-const WINDOW_BYTES: u64 = 1024;
+/// The most user stack copied at a time: a page, from the address wanted to its page's end.
+/// Each copy has a fixed cost, so one serves as many frames as it can (on a pipe ping-pong
+/// 1024 bytes cost 3% less than 512, and 256 8% more). It never crosses into the next page,
+/// which may not be present: exec leaves up to 8 KiB untouched above a process's first
+/// frames, and a copy that faults costs about a microsecond (4096 bytes copied from
+/// wherever: 9,500 ns a switch instead of 2,600 in 2 runs of 4). BENCHMARKS.md, sessions
+/// 26-27.
+const WINDOW_BYTES: u64 = 4096;
 const WINDOW_WORDS: usize = (WINDOW_BYTES / 8) as usize;
 
 /// What a walk keeps in map memory rather than in `Walk`: the verifier follows the values of
@@ -378,14 +383,15 @@ fn caller(walk: &mut Walk, pc: u64) -> Result<(u64, u64, u64), u32> {
 }
 
 /// The two words of user memory at `at`, from the window, which is moved to `at` first if it
-/// does not hold them. Where a window cannot be read (it would cross the end of the stack),
-/// or `at` is not word aligned, the words are read on their own.
+/// does not hold them. Where a window cannot be read (a page not present), where the pair
+/// crosses a page, or where `at` is not word aligned, the words are read on their own.
 #[inline(always)]
 fn read_pair(walk: &mut Walk, at: u64) -> Result<[u64; 2], u32> {
     let held = |walk: &Walk| at & 7 == 0 && walk.window_start <= at && at + 16 <= walk.window_end;
     if at & 7 == 0 && !held(walk) {
-        let copied = unsafe { bpf_probe_read_user_raw((*walk.scratch).window.as_mut_ptr() as *mut c_void, WINDOW_BYTES as u32, at as *const c_void) };
-        (walk.window_start, walk.window_end) = if copied == 0 { (at, at + WINDOW_BYTES) } else { (0, 0) };
+        let len = WINDOW_BYTES - (at & (WINDOW_BYTES - 1));
+        let copied = unsafe { bpf_probe_read_user_raw((*walk.scratch).window.as_mut_ptr() as *mut c_void, len as u32, at as *const c_void) };
+        (walk.window_start, walk.window_end) = if copied == 0 { (at, at + len) } else { (0, 0) };
     }
     if held(walk) {
         let index = ((at - walk.window_start) / 8) as usize & (WINDOW_WORDS - 1);
