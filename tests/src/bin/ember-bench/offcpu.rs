@@ -69,7 +69,7 @@ pub fn run(seconds: u64, deep: bool) -> Result<()> {
         let before = profiler.snapshot()?;
         let latency = pipe_latency(&ping_pong, seconds)?;
         let after = profiler.snapshot()?;
-        let printed = if kind == Stacks::Ember { profiler.stop().map(|()| true)? } else { profiler.stop_for_output()? };
+        let printed = kind.stop(profiler)?;
         // Kernel and user frames per recorded switch, over every task's (the ping-pong's are
         // nearly all of them): whether the stacks are equally deep. Ember's include its
         // block-state frame; its first profile, the warm-up's, is left out.

@@ -114,6 +114,16 @@ impl Workload {
 }
 
 impl Profiler {
+    /// Stops `running`, this profiler's process; whether its output was written. Ember must
+    /// stop in time (else the bench fails); a peer's output only adds to its row.
+    pub(super) fn stop(self, running: Running) -> Result<bool> {
+        if self == Profiler::Ember {
+            running.stop().map(|()| true)
+        } else {
+            running.stop_for_output()
+        }
+    }
+
     fn name(self, workload: &Workload) -> &'static str {
         match self {
             Profiler::Perf => workload.perf_name(),
@@ -348,7 +358,7 @@ fn measure(profiler: Profiler, setup: &Setup, hz: u64, window: Duration, baselin
     let throughput = run_workload(setup, window)?;
     let elapsed = started.elapsed().as_secs_f64();
     let after = profiler_process.snapshot()?;
-    let printed = if profiler == Profiler::Ember { profiler_process.stop().map(|()| true)? } else { profiler_process.stop_for_output()? };
+    let printed = profiler.stop(profiler_process)?;
     drop(beside);
     let row = Row {
         profiler: profiler.name(workload),
