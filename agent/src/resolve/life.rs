@@ -2,7 +2,7 @@
 //! freed is handed to a new process. The programs tag every sample with the life it was
 //! taken in (`SampleKey::process_tag`) and announce each life, so that samples of an earlier
 //! life are named from that life's mappings, not from whatever holds the pid at the drain.
-use std::{fs, sync::OnceLock};
+use std::sync::OnceLock;
 
 /// A life, as the kernel announced it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,7 +31,7 @@ impl Life {
         if self.start_ns == 0 {
             return true;
         }
-        let Some(stat) = fs::read_to_string(format!("/proc/{tgid}/stat")).ok().and_then(|stat| parse_stat(&stat)) else { return false };
+        let Some(stat) = super::untrusted::read_proc(std::path::Path::new(&format!("/proc/{tgid}/stat")), 4096).ok().and_then(|stat| parse_stat(&stat)) else { return false };
         // /proc shows the start in clock ticks: the kernel's ns divided down.
         let ns_per_tick = 1_000_000_000 / clock_ticks_per_second();
         let stack_holds = self.start_stack == 0 || stat.start_stack == 0 || stat.start_stack == self.start_stack;
@@ -84,7 +84,7 @@ mod tests {
     #[test]
     fn the_agents_own_start_is_its_kernel_start() {
         let me = std::process::id();
-        let stat = parse_stat(&fs::read_to_string("/proc/self/stat").unwrap()).expect("our own stat");
+        let stat = parse_stat(&std::fs::read_to_string("/proc/self/stat").unwrap()).expect("our own stat");
         let ns_per_tick = 1_000_000_000 / clock_ticks_per_second();
         let life = |start_ns, start_stack| Life { tag: 0, start_ns, start_stack };
         assert!(life(stat.start_ticks * ns_per_tick + 1, stat.start_stack).still_holds(me));

@@ -11,6 +11,7 @@ mod proc_dir;
 mod procs;
 pub mod relabel;
 mod targets;
+mod untrusted;
 mod vdso;
 
 use std::collections::HashMap;
@@ -128,6 +129,7 @@ impl Resolver {
 
     /// Ends the current interval: drains the kernel's buffers and resolves the samples.
     pub fn drain(&mut self) -> Result<ResolvedInterval> {
+        untrusted::new_interval();
         self.capture_announced();
         let raw = self.sampler.drain()?;
         let user_stacks = raw.stacks.keys().filter(|(user, _, _)| *user).count();

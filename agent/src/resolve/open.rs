@@ -7,6 +7,8 @@
 //! So the path is resolved inside the process's root (`RESOLVE_IN_ROOT`: absolute symlinks and
 //! `..` stay in it; `RESOLVE_NO_MAGICLINKS`: no /proc links out of it), and the file opened must
 //! be the one the maps line names, by device and inode (map_files needs neither check).
+//! Either way the file opened must be a regular file of a size an executable can have
+//! (`untrusted`): the path may lead to a FIFO, and the mapped file may be a sparse giant.
 use std::{
     ffi::CString,
     fs::{File, Metadata},
@@ -17,6 +19,8 @@ use std::{
     },
     path::Path,
 };
+
+use super::untrusted::{self, Refused, MAX_BINARY_BYTES};
 
 /// Filesystems whose maps lines may show another device than `stat` (linux/magic.h): overlayfs
 /// before 6.7 (the layer's device), btrfs (the filesystem's, not the subvolume's).
@@ -54,6 +58,8 @@ pub enum Unopened {
     Unreachable,
     /// Its path now reaches a different file than the one mapped.
     Changed,
+    /// Not a regular file, too large, or too slow to open (`untrusted`).
+    Refused(Refused),
 }
 
 impl Unopened {
@@ -62,6 +68,7 @@ impl Unopened {
             Unopened::Exited => "exited",
             Unopened::Unreachable => "unreachable",
             Unopened::Changed => "changed",
+            Unopened::Refused(refused) => refused.reason(),
         }
     }
 }
@@ -69,20 +76,25 @@ impl Unopened {
 /// Opens the file mapped at `range` ("start-end" as in maps), named `path` in the maps of
 /// the process or thread /proc shows at `dir` (see `proc_dir`).
 pub fn open_mapped(dir: &Path, range: &str, path: &str, mapped: MappedId) -> Result<File, Unopened> {
-    if let Ok(file) = File::open(dir.join("map_files").join(range)) {
-        return Ok(file); // the mapped file itself
+    match untrusted::open_regular(&dir.join("map_files").join(range), MAX_BINARY_BYTES) {
+        Ok(file) => return Ok(file), // the mapped file itself
+        Err(refused @ (Refused::NotRegular | Refused::TooLarge)) => return Err(Unopened::Refused(refused)),
+        Err(_) => {}
     }
     let root = File::open(dir.join("root")).map_err(|_| Unopened::Exited)?;
     let file = open_in_root(&root, path).map_err(|_| Unopened::Unreachable)?;
     let meta = file.metadata().map_err(|_| Unopened::Unreachable)?;
-    if mapped.is(&meta, maps_shows_another_device(&file)) { Ok(file) } else { Err(Unopened::Changed) }
+    if !mapped.is(&meta, maps_shows_another_device(&file)) {
+        return Err(Unopened::Changed);
+    }
+    untrusted::regular(file, MAX_BINARY_BYTES).map_err(Unopened::Refused)
 }
 
-/// `path` resolved as if `root` were `/`, read-only.
+/// `path` resolved as if `root` were `/`, read-only, without blocking (a FIFO opens at once).
 pub fn open_in_root(root: &File, path: &str) -> io::Result<File> {
     let path = CString::new(path).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC) as u64;
+    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY) as u64;
     how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
     // SAFETY: openat2 with a live directory fd, a NUL-terminated path and an open_how of the
     // size passed; it returns a new fd that nothing else owns, or -1.

@@ -3,17 +3,18 @@
 //! append one "START SIZE NAME" line (hex, hex, text) per compiled function to
 //! `/tmp/perf-<pid>.map`, where `<pid>` is the pid the process sees (in its own pid namespace)
 //! and `/tmp` is its own. The file is opened once, inside the process's root, and kept open, so
-//! it can still be read after the process exits; it is read on from where the last read ended.
+//! it can still be read after the process exits; it is read on from where the last read ended,
+//! at most once an interval. The file is the process's to shape (see `untrusted`).
 use std::{
     collections::BTreeMap,
-    fs::{self, File},
-    io::{Read, Seek, SeekFrom},
+    fs::File,
     ops::Range,
+    path::Path,
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use super::open::open_in_root;
+use super::{open::open_in_root, untrusted::{self, Refused}};
 use crate::ops::metrics;
 
 /// Functions kept per process: about 100 bytes each, so a runtime that compiles without end
@@ -23,6 +24,10 @@ const MAX_FUNCTIONS: usize = 100_000;
 const RETRY_OPEN: Duration = Duration::from_secs(1);
 /// Longer names are cut (a V8 name holds the script's path).
 const MAX_NAME: usize = 512;
+/// Longer lines are skipped (no runtime writes one; a file without newlines is one line).
+const MAX_LINE: usize = 4096;
+/// Bytes read from one map at a time (what is left is read at the next interval).
+const MAX_READ: usize = 4 << 20;
 
 /// A JIT-compiled function: where it starts and its name as the runtime wrote it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,11 +38,17 @@ pub struct JitSymbol {
 
 #[derive(Debug, Default)]
 pub struct PerfMap {
-    file: Option<File>,
+    file: Option<Arc<File>>,
     tried: Option<Instant>,
-    /// Bytes of the file read so far, and the start of a line not yet complete.
+    /// The interval it was last read in (`untrusted::interval`).
+    read_in: Option<u64>,
+    /// Bytes of the file read so far, and the start of a line not yet complete (or, past
+    /// `MAX_LINE`, skipped to its end).
     read: u64,
     partial: Vec<u8>,
+    skipping: bool,
+    /// Shown hostile (not a regular file, a read that did not return): never read again.
+    refused: bool,
     /// Functions by start address: (end, name). A later line for overlapping code (the
     /// runtime moved or recompiled it) replaces the earlier ones.
     functions: BTreeMap<u64, (u64, Arc<str>)>,
@@ -67,18 +78,31 @@ impl PerfMap {
     /// appended is read one last time, and its names are kept for its samples.
     pub fn freeze(&mut self) {
         self.frozen = true;
-        self.read_new();
+        let _ = self.read_new(); // (a refused map has no file left to read)
     }
 
     fn open_and_read(&mut self, tgid: u32) {
-        if self.frozen {
+        if self.frozen || self.refused || self.read_in == Some(untrusted::interval()) {
             return;
         }
         if self.file.is_none() && self.tried.is_none_or(|t| t.elapsed() >= RETRY_OPEN) {
             self.tried = Some(Instant::now());
-            self.file = open(tgid);
+            match open(tgid) {
+                Ok(file) => self.file = Some(Arc::new(file)),
+                Err(refused) => self.refuse(refused, tgid),
+            }
         }
-        self.read_new();
+        if let Err(refused) = self.read_new() {
+            self.refuse(refused, tgid);
+        }
+    }
+
+    fn refuse(&mut self, refused: Refused, tgid: u32) {
+        if refused.is_hostile() {
+            refused.count("perf_map", tgid);
+            self.refused = true;
+            self.file = None;
+        }
     }
 
     fn find(&self, addr: u64) -> Option<JitSymbol> {
@@ -86,30 +110,57 @@ impl PerfMap {
         (addr < *end).then(|| JitSymbol { start, name: name.clone() })
     }
 
-    fn read_new(&mut self) {
-        let Some(file) = self.file.as_mut() else { return };
-        let Ok(size) = file.metadata().map(|m| m.len()) else { return };
+    /// Reads what was appended since the last read (on a worker: the process may serve the
+    /// file itself), within this interval's cap.
+    fn read_new(&mut self) -> Result<(), Refused> {
+        let Some(file) = self.file.clone() else { return Ok(()) };
+        self.read_in = Some(untrusted::interval());
+        let start = self.read;
+        let cap = untrusted::take_perf_map_bytes(MAX_READ);
+        let (size, bytes) = untrusted::with_deadline(move || untrusted::read_from(&file, start, cap))??;
         if size < self.read {
             // Rewritten from the start (the pid exec'd another runtime): forget the old code,
             // unless the map is frozen, when the rewrite is the next life's.
             if self.frozen {
-                return;
+                return Ok(());
             }
-            self.read = 0;
+            (self.read, self.skipping) = (0, false);
             self.partial.clear();
             self.functions.clear();
+            return self.read_new();
         }
-        if size == self.read || file.seek(SeekFrom::Start(self.read)).is_err() {
-            return;
+        self.read += bytes.len() as u64;
+        self.parse(&bytes);
+        Ok(())
+    }
+
+    /// Takes the complete lines of `bytes` (after what was left of the last read), keeps the
+    /// rest for the next read unless it is already too long to be a line.
+    fn parse(&mut self, bytes: &[u8]) {
+        let mut bytes = bytes;
+        if self.skipping {
+            let Some(end) = bytes.iter().position(|&b| b == b'\n') else { return };
+            (bytes, self.skipping) = (&bytes[end + 1..], false);
         }
-        let mut bytes = std::mem::take(&mut self.partial);
-        let Ok(n) = file.take(size - self.read).read_to_end(&mut bytes) else { return };
-        self.read += n as u64;
         let complete = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-        self.partial = bytes.split_off(complete);
+        let mut lines = std::mem::take(&mut self.partial);
+        lines.extend_from_slice(&bytes[..complete]);
+        let rest = &bytes[complete..];
+        if complete == 0 {
+            // No line ended: what was left and this read are one unfinished line.
+            (self.partial, lines) = (lines, Vec::new());
+        }
+        if self.partial.len() + rest.len() > MAX_LINE {
+            self.partial.clear();
+            self.skipping = true;
+            metrics::add("ember_untrusted_reads_capped_total", &[("file", "perf_map_line")], 1.0);
+        } else {
+            self.partial.extend_from_slice(rest);
+        }
         let mut dropped = 0;
-        for line in String::from_utf8_lossy(&bytes).lines() {
-            let Some((start, end, name)) = parse_line(line) else { continue };
+        for line in lines.split(|&b| b == b'\n') {
+            let line = String::from_utf8_lossy(line);
+            let Some((start, end, name)) = parse_line(&line) else { continue };
             if self.functions.len() >= MAX_FUNCTIONS {
                 dropped += 1;
                 continue;
@@ -146,17 +197,20 @@ pub fn parse_line(line: &str) -> Option<(u64, u64, &str)> {
     (size > 0 && !name.is_empty()).then_some((start, end, name))
 }
 
-/// The process's perf map, opened inside its root under the pid it knows itself by.
-fn open(tgid: u32) -> Option<File> {
-    let status = fs::read_to_string(format!("/proc/{tgid}/status")).ok()?;
-    let own_pid = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.to_string();
-    let root = super::proc_dir::first_showing(tgid, |dir| File::open(dir.join("root")).ok())?;
-    open_in_root(&root, &format!("/tmp/perf-{own_pid}.map")).ok()
+/// The process's perf map, opened inside its root under the pid it knows itself by, on a
+/// worker (the process may serve its /tmp itself).
+fn open(tgid: u32) -> Result<File, Refused> {
+    let missing = Refused::Failed(std::io::ErrorKind::NotFound);
+    let status = untrusted::read_proc(Path::new(&format!("/proc/{tgid}/status")), 64 << 10)?;
+    let own_pid = status.lines().find_map(|l| l.strip_prefix("NSpid:")).and_then(|l| l.split_whitespace().last()).ok_or(missing)?;
+    let root = super::proc_dir::first_showing(tgid, |dir| File::open(dir.join("root")).ok()).ok_or(missing)?;
+    let path = format!("/tmp/perf-{own_pid}.map");
+    untrusted::with_deadline(move || untrusted::regular(open_in_root(&root, &path)?, u64::MAX))?
 }
 
 #[cfg(test)]
 mod tests {
-    use std::{io::Write, path::PathBuf};
+    use std::{fs, io::Write, path::PathBuf};
 
     use super::*;
 
@@ -173,8 +227,13 @@ mod tests {
     fn temp_map(name: &str) -> (PathBuf, File, PerfMap) {
         let path = std::env::temp_dir().join(format!("ember-{name}-{}", std::process::id()));
         let writer = File::create(&path).unwrap();
-        let map = PerfMap { file: Some(File::open(&path).unwrap()), ..PerfMap::default() };
+        let map = PerfMap { file: Some(Arc::new(File::open(&path).unwrap())), ..PerfMap::default() };
         (path, writer, map)
+    }
+
+    /// A drain: a map is read again at most once an interval.
+    fn drained() {
+        untrusted::new_interval();
     }
 
     /// A map as a runtime writes it: appended in pieces (a line may be cut between two reads),
@@ -186,6 +245,8 @@ mod tests {
         assert_eq!(map.lookup(0, 0x1080).map(|s| s.name), Some("old".into()));
         assert_eq!(map.lookup(0, 0x3000), None, "a line not complete yet");
         writer.write_all(b"0 cut\n1040 20 new\n").unwrap();
+        assert_eq!(map.lookup(0, 0x3005), None, "read once an interval");
+        drained();
         assert_eq!(map.lookup(0, 0x3005).map(|s| (s.start, s.name)), Some((0x3000, "cut".into())));
         assert_eq!(map.lookup(0, 0x1050).map(|s| (s.start, s.name)), Some((0x1040, "new".into())));
         assert_eq!(map.lookup(0, 0x1080), None, "the old function ends where the new one starts");
@@ -193,6 +254,7 @@ mod tests {
         assert_eq!(map.lookup(0, 0x2010), None, "past the end");
         // Rewritten from the start, as after an exec.
         File::create(&path).unwrap().write_all(b"5000 10 fresh\n").unwrap();
+        drained();
         assert_eq!(map.lookup(0, 0x5000).map(|s| s.name), Some("fresh".into()));
         assert_eq!(map.lookup(0, 0x2000), None, "the old code is forgotten");
         let _ = fs::remove_file(&path);
@@ -206,10 +268,12 @@ mod tests {
         writer.write_all(b"1000 100 old\n").unwrap();
         assert_eq!(map.lookup(0, 0x1000).map(|s| s.name), Some("old".into()));
         writer.write_all(b"2000 10 last\n").unwrap();
+        drained();
         map.freeze();
         assert_eq!(map.lookup(0, 0x2000).map(|s| s.name), Some("last".into()), "appended before the freeze");
         // Rewritten by the next life (shorter: a live map would start again from its start).
         File::create(&path).unwrap().write_all(b"3000 10 new\n").unwrap();
+        drained();
         assert_eq!(map.lookup(0, 0x3000), None, "the next life's code");
         assert_eq!(map.lookup(0, 0x1000).map(|s| s.name), Some("old".into()));
         let _ = fs::remove_file(&path);
@@ -225,5 +289,51 @@ mod tests {
         let _ = fs::remove_file(&own);
         assert_eq!(live, Some("next_life".into()));
         assert_eq!(unopened, None);
+    }
+
+    /// A line too long to be one is skipped, in whichever read it ends, and the lines after
+    /// it are read; a map without newlines is read in bounded pieces and keeps nothing.
+    #[test]
+    fn lines_past_the_longest_are_skipped_and_reads_are_bounded() {
+        let (path, mut writer, mut map) = temp_map("perf-map-long");
+        writer.write_all(b"1000 10 before\n2000 10 ").unwrap();
+        writer.write_all(&vec![b'x'; MAX_LINE]).unwrap();
+        assert_eq!(map.lookup(0, 0x1000).map(|s| s.name), Some("before".into()));
+        assert!(map.partial.is_empty() && map.skipping, "the long line is dropped as it is read");
+        writer.write_all(b"xxx\n3000 10 after\n").unwrap();
+        drained();
+        assert_eq!(map.lookup(0, 0x3000).map(|s| s.name), Some("after".into()));
+        assert_eq!(map.lookup(0, 0x2000), None);
+        let _ = fs::remove_file(&path);
+
+        let (path, writer, mut map) = temp_map("perf-map-sparse");
+        writer.set_len(20 << 30).unwrap();
+        for _ in 0..3 {
+            drained();
+            assert_eq!(map.lookup(0, 0x1000), None);
+            assert!(map.partial.len() <= MAX_LINE);
+        }
+        assert_eq!(map.read, 3 * MAX_READ as u64, "one bounded read an interval");
+        let _ = fs::remove_file(&path);
+    }
+
+    /// A process's perf map that is a FIFO is refused at once, and never opened again.
+    #[test]
+    fn a_perf_map_that_is_a_fifo_is_refused() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let fifo = PathBuf::from(format!("/tmp/perf-{}.map", child.id()));
+        let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo with a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o644) }, 0);
+        let started = Instant::now();
+        let mut map = PerfMap::default();
+        let found = map.lookup(child.id(), 0x1000);
+        let (refused, waited) = (map.refused, started.elapsed());
+        let _ = fs::remove_file(&fifo);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(found, None);
+        assert!(refused, "a FIFO is not read");
+        assert!(waited < Duration::from_millis(400), "refused in {waited:?}");
     }
 }

@@ -13,7 +13,9 @@ use super::{
     life::Life,
     open::{MappedId, Unopened, open_mapped},
     perf_map::{JitSymbol, PerfMap},
-    proc_dir, vdso,
+    proc_dir,
+    untrusted,
+    vdso,
 };
 use crate::{
     ops::metrics,
@@ -172,6 +174,13 @@ impl<'l> MapsLine<'l> {
     }
 }
 
+/// The GNU build id of the ELF file `file`, in hex.
+fn build_id_of(file: &File) -> Option<String> {
+    let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    let id = blazesym::helper::read_elf_build_id(&path).ok().flatten()?;
+    Some(id.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 /// Raises the open-file limit to its hard limit: the table keeps every mapped binary open, and
 /// the usual soft limit (1024) is too few on a busy host.
 pub fn raise_open_file_limit() {
@@ -209,7 +218,15 @@ pub struct ProcessTable {
     unread: HashSet<u32>,
     /// Processes captured since the last `take_captured`: their unwind mappings are due.
     captured: Vec<u32>,
+    /// Mapped files refused as hostile (`untrusted`): not tried again while mapped.
+    refused: HashSet<MappedId>,
 }
+
+/// Bytes of /proc/<pid>/maps read at most: 65,530 mappings (the kernel's default limit) with
+/// short paths; past it, the mappings listed last are left out and counted.
+const MAX_MAPS_BYTES: usize = 16 << 20;
+/// Refused files remembered at most.
+const MAX_REFUSED: usize = 4096;
 
 impl ProcessTable {
     /// Reads (or re-reads) a process's mappings, as those of `life` (None: a process not
@@ -219,7 +236,7 @@ impl ProcessTable {
         // is not its mappings, and must not replace the ones captured while it ran (it may be
         // announced again while it exits).
         let shown = proc_dir::first_showing(tgid, |dir| {
-            let maps = fs::read_to_string(dir.join("maps")).ok()?;
+            let maps = untrusted::read_proc(&dir.join("maps"), MAX_MAPS_BYTES).ok()?;
             (!maps.is_empty()).then(|| (dir.to_path_buf(), maps))
         });
         let Some((dir, maps)) = shown else {
@@ -234,7 +251,7 @@ impl ProcessTable {
             self.unread.insert(tgid);
             return false;
         }
-        let name = fs::read_to_string(format!("/proc/{tgid}/comm")).unwrap_or_default().trim().to_string();
+        let name = untrusted::read_proc(Path::new(&format!("/proc/{tgid}/comm")), 64).unwrap_or_default().trim().to_string();
         // Read after all (a read can fail while the process execs): not a loss.
         self.unread.remove(&tgid);
         let mut mappings = Vec::new();
@@ -314,7 +331,10 @@ impl ProcessTable {
     fn mapping(&mut self, dir: &Path, line: MapsLine) -> Mapping {
         let MapsLine { start, end, file_offset, path, .. } = line;
         let target = if path == "[vdso]" {
-            let vdso = vdso::image(end - start).and_then(|image| self.shared(path, image));
+            let vdso = vdso::image(end - start).and_then(|image| {
+                let build_id = build_id_of(&image);
+                self.shared(path, image, build_id)
+            });
             vdso.map_or_else(|| MappingTarget::Special(path.to_string()), MappingTarget::File)
         } else if line.inode == 0 || path.is_empty() || path.starts_with('[') {
             MappingTarget::Special(if path.is_empty() { "[anon]".into() } else { path.to_string() })
@@ -332,6 +352,9 @@ impl ProcessTable {
         if let Some(binary) = self.by_mapped.get(&mapped).and_then(Weak::upgrade) {
             return Some(binary);
         }
+        if self.refused.contains(&mapped) {
+            return None;
+        }
         let binary = self.open_binary(dir, range, path, mapped)?;
         if binary.id == (libc::makedev(mapped.major, mapped.minor), mapped.inode) {
             self.by_mapped.insert(mapped, Arc::downgrade(&binary));
@@ -339,34 +362,40 @@ impl ProcessTable {
         Some(binary)
     }
 
-    /// Opens the mapped file (see `open`), or counts why it could not.
+    /// Opens the mapped file (see `open`) and reads its build id, on a worker (the process may
+    /// serve the file itself), or counts why it could not.
     fn open_binary(&mut self, dir: &Path, range: &str, path: &str, mapped: MappedId) -> Option<Arc<Binary>> {
-        let file = match open_mapped(dir, range, path, mapped) {
-            Ok(file) => file,
+        let (dir_owned, range_owned, path_owned) = (dir.to_path_buf(), range.to_string(), path.to_string());
+        let opened = untrusted::with_deadline(move || {
+            let file = open_mapped(&dir_owned, &range_owned, &path_owned, mapped)?;
+            let build_id = build_id_of(&file);
+            Ok((file, build_id))
+        });
+        let (file, build_id) = match opened.unwrap_or_else(|refused| Err(Unopened::Refused(refused))) {
+            Ok(opened) => opened,
             Err(Unopened::Exited) => return None,
             Err(why) => {
                 tracing::debug!(process = %dir.display(), path, reason = why.reason(), "mapped file not opened: its frames keep module+offset");
                 metrics::add("ember_binaries_unopened_total", &[("reason", why.reason())], 1.0);
+                if let Unopened::Refused(refused) = why {
+                    if refused.is_hostile() {
+                        self.refused.insert(mapped);
+                    }
+                }
                 return None;
             }
         };
-        self.shared(path.trim_end_matches(" (deleted)"), file)
+        self.shared(path.trim_end_matches(" (deleted)"), file, build_id)
     }
 
     /// The binary `file` is, shared with every process that maps the same file.
-    fn shared(&mut self, path: &str, file: File) -> Option<Arc<Binary>> {
+    fn shared(&mut self, path: &str, file: File, build_id: Option<String>) -> Option<Arc<Binary>> {
         let meta = file.metadata().ok()?;
         let id = (meta.dev(), meta.ino());
         if let Some(binary) = self.binaries.get(&id).and_then(Weak::upgrade) {
             return Some(binary);
         }
-        let path = path.to_string();
-        let mut binary = Binary { path, build_id: None, id, size: meta.len(), file };
-        binary.build_id = blazesym::helper::read_elf_build_id(&binary.open_path())
-            .ok()
-            .flatten()
-            .map(|id| id.iter().map(|b| format!("{b:02x}")).collect());
-        let binary = Arc::new(binary);
+        let binary = Arc::new(Binary { path: path.to_string(), build_id, id, size: meta.len(), file });
         self.binaries.insert(id, Arc::downgrade(&binary));
         Some(binary)
     }
@@ -467,6 +496,9 @@ impl ProcessTable {
         }
         self.binaries.retain(|_, b| b.strong_count() > 0);
         self.by_mapped.retain(|_, b| b.strong_count() > 0);
+        if self.refused.len() > MAX_REFUSED {
+            self.refused.clear(); // tried once more each
+        }
         forgotten
     }
 }
