@@ -21,7 +21,7 @@ use crate::{
         files::{write_atomic, FileOutputs},
         Shipping,
     },
-    symbolize::{SymbolSettings, Symbolizer},
+    symbolize::{Debuginfod, SymbolSettings, Symbolizer},
 };
 
 /// What one written profile holds.
@@ -54,12 +54,12 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    pub fn spawn(event: Event, shipping: Option<Shipping>, symbols: SymbolSettings) -> Pipeline {
+    pub fn spawn(event: Event, shipping: Option<Shipping>, symbols: SymbolSettings, debuginfod: Option<Debuginfod>) -> Pipeline {
         let (jobs, queue) = mpsc::sync_channel::<Job>(QUEUE);
         let thread = std::thread::Builder::new()
             .name("ember-pipeline".into())
             .spawn(move || {
-                let mut symbolizer = Symbolizer::new(&symbols);
+                let mut symbolizer = Symbolizer::new(&symbols, debuginfod);
                 let info = ProfileInfo { event };
                 for job in queue {
                     let result = process(&mut symbolizer, &info, &job.interval, &job.plan, shipping.as_ref());
@@ -196,7 +196,7 @@ mod tests {
 
     #[test]
     fn intervals_beyond_the_queue_are_shed_and_counted() {
-        let pipeline = Pipeline::spawn(crate::kernel::Event::CpuClock, None, SymbolSettings::default());
+        let pipeline = Pipeline::spawn(crate::kernel::Event::CpuClock, None, SymbolSettings::default(), None);
         let before = shed();
         // Far faster than the thread takes them (each also returns memory to the kernel).
         for _ in 0..1000 {

@@ -14,6 +14,7 @@ use crate::{
     resolve::{relabel::Relabeler, ResolvedInterval, Resolver, Targets},
     settings::RecordSettings,
     ship::files::{self, FileOutputs},
+    symbolize,
     shutdown_signal,
 };
 
@@ -24,8 +25,10 @@ const DRAIN_EVERY: Duration = Duration::from_secs(1);
 pub async fn record(settings: RecordSettings) -> Result<()> {
     preflight::check()?;
     let kernel = &settings.kernel;
-    let mut resolver = Resolver::start(kernel, Targets::new(None, Relabeler::default()))?;
-    let pipeline = Pipeline::spawn(kernel.event, None, settings.symbols.clone());
+    let debuginfod = symbolize::start_debuginfod(&settings.symbols);
+    let prefetch = debuginfod.clone().map(|d| symbolize::prefetcher(&settings.symbols, d));
+    let mut resolver = Resolver::start(kernel, Targets::new(None, Relabeler::default()), prefetch)?;
+    let pipeline = Pipeline::spawn(kernel.event, None, settings.symbols.clone(), debuginfod.clone());
     tracing::info!(frequency = kernel.frequency, event = kernel.event.name(), duration = ?settings.duration, "profiling every CPU");
     let started = Instant::now();
     let deadline = started + settings.duration;
@@ -59,6 +62,15 @@ pub async fn record(settings: RecordSettings) -> Result<()> {
     drop(resolver);
     if progress {
         eprintln!();
+    }
+    // Debug info still on its way is waited for (each fetch is bounded by its timeout), so that
+    // the profile is named with it.
+    if let (Some(debuginfod), Some(fetch)) = (&debuginfod, &settings.symbols.debuginfod) {
+        let waiting = debuginfod.wait_for_fetches(Duration::ZERO);
+        if waiting > 0 {
+            tracing::info!(fetches = waiting, timeout = ?fetch.timeout, "waiting for debug info from debuginfod before writing");
+            debuginfod.wait_for_fetches(fetch.timeout);
+        }
     }
     losses::report(recorded.losses());
     let several = settings.kinds.len() > 1;

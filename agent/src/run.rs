@@ -14,6 +14,7 @@ use crate::{
     resolve::{pods, Resolver, Targets},
     settings::RunSettings,
     ship::{self, files::FileOutputs},
+    symbolize,
     shutdown_signal,
 };
 
@@ -46,11 +47,13 @@ pub async fn run(settings: RunSettings) -> Result<()> {
         }),
         None => None,
     };
-    let mut resolver = Resolver::start(&settings.kernel, Targets::new(pods, settings.relabel))?;
+    let debuginfod = symbolize::start_debuginfod(&settings.symbols);
+    let prefetch = debuginfod.clone().map(|d| symbolize::prefetcher(&settings.symbols, d));
+    let mut resolver = Resolver::start(&settings.kernel, Targets::new(pods, settings.relabel), prefetch)?;
     let mut governor = settings.cpu_budget.map(|budget| Governor::start(budget, resolver.sampler(), settings.kernel.event.is_clock()));
     governor::publish(resolver.sampler().rates());
     health.set_ready();
-    let pipeline = Pipeline::spawn(settings.kernel.event, shipping, settings.symbols.clone());
+    let pipeline = Pipeline::spawn(settings.kernel.event, shipping, settings.symbols.clone(), debuginfod);
     let names: Vec<&str> = settings.kinds.iter().map(|k| k.name()).collect();
     tracing::info!(
         frequency = settings.kernel.frequency, event = settings.kernel.event.name(), interval = ?settings.interval,

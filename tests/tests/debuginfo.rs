@@ -191,6 +191,64 @@ fn debuginfod_fills_names_in_later_intervals_and_a_hung_server_stalls_nothing() 
     assert!(all_hung > 1000 && named_hung == 0, "the hung binary: {named_hung} of {all_hung} named");
 }
 
+/// `record` starts the fetch when it opens the binary (at its exec), and waits for a fetch
+/// still in flight when the recording ends: a fetch that takes longer than the recording still
+/// names the profile.
+#[test]
+fn record_names_a_stripped_binary_from_debug_info_that_arrives_after_the_recording() {
+    require_root();
+    let dir = TempDir::new("debuginfod-record");
+    let id = "6666666666666666666666666666666666666666";
+    let (binary, debug) = build_split(&dir.0, "late", id);
+    let server = Debuginfod::start(id, std::fs::read(&debug).unwrap(), Duration::from_millis(2500), "none");
+    std::fs::remove_file(&debug).unwrap();
+    let mut child = held(&binary, &["3"]);
+    let (out, cache, url) = (dir.path("p.pb.gz"), dir.path("cache"), format!("http://{}", server.address));
+    let pid = child.id().to_string();
+    let mut agent = Agent::spawn(&[
+        "record", "-F", "499", "-d", "2s", "-o", out.to_str().unwrap(), "--pid", &pid,
+        "--debuginfod-urls", &url, "--debuginfod-cache", cache.to_str().unwrap(), "--debuginfod-timeout", "10s",
+    ]);
+    agent.wait_ready();
+    let started = Instant::now();
+    release(&mut child);
+    let stderr = agent.wait_success(Duration::from_secs(30));
+    let took = started.elapsed();
+    let _ = child.kill();
+    let _ = child.wait();
+    let (named, all) = named(&[Decoded::read(&out)], child.id());
+    assert!(all > 300 && named as f64 >= 0.95 * all as f64, "{named} of {all} samples name debuginfo_hot\n{stderr}");
+    assert!(stderr.contains("waiting for debug info"), "the recording did not say it waited:\n{stderr}");
+    assert!(took < Duration::from_secs(8), "the recording took {took:?}");
+}
+
+/// In `run`, a binary whose debug info is fetched during an interval is named in that interval.
+#[test]
+fn run_names_a_stripped_binary_in_the_interval_its_debug_info_arrived_in() {
+    require_root();
+    let dir = TempDir::new("debuginfod-run");
+    let id = "7777777777777777777777777777777777777777";
+    let (binary, debug) = build_split(&dir.0, "quick", id);
+    let server = Debuginfod::start(id, std::fs::read(&debug).unwrap(), Duration::from_millis(200), "none");
+    std::fs::remove_file(&debug).unwrap();
+    let mut child = held(&binary, &["2"]);
+    let (out, cache, url) = (dir.path("out"), dir.path("cache"), format!("http://{}", server.address));
+    let pid = child.id().to_string();
+    let mut agent = Agent::spawn(&[
+        "run", "-F", "499", "--interval", "5s", "--output-dir", out.to_str().unwrap(), "--pid", &pid,
+        "--debuginfod-urls", &url, "--debuginfod-cache", cache.to_str().unwrap(), "--debuginfod-timeout", "3s",
+    ]);
+    agent.wait_ready();
+    release(&mut child);
+    assert!(child.wait().unwrap().success());
+    agent.signal(libc::SIGTERM);
+    agent.wait_success(Duration::from_secs(30));
+    let profiles = Decoded::read_kind(&out, "cpu");
+    let first = profiles.iter().position(|p| !p.samples_of(child.id()).is_empty()).expect("the binary was sampled");
+    let (named, all) = named(&profiles[first..=first], child.id());
+    assert!(all > 300 && named as f64 >= 0.95 * all as f64, "its first interval: {named} of {all} samples name debuginfo_hot");
+}
+
 /// Past the debug-info budget a binary is never parsed whole: its functions are named from its
 /// symbol table (no lines), and it is counted; within the budget it keeps its lines.
 #[test]

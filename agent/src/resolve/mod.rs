@@ -21,7 +21,7 @@ use anyhow::Result;
 
 pub use cgroups::cgroup_id;
 pub use interval::{ResolvedInterval, ResolvedSample, Site};
-pub use procs::{Binary, UserAddress};
+pub use procs::{Binary, BinaryOpened, UserAddress};
 pub use targets::Targets;
 #[cfg(fuzzing)]
 pub use {procs::MapsLine, targets::from_cgroup_path};
@@ -47,8 +47,9 @@ pub struct Resolver {
 }
 
 impl Resolver {
-    /// Loads and attaches the programs. Must be called inside a tokio runtime.
-    pub fn start(settings: &KernelSettings, targets: Targets) -> Result<Resolver> {
+    /// Loads and attaches the programs. Must be called inside a tokio runtime. `opened` is
+    /// told of each binary as it is first opened.
+    pub fn start(settings: &KernelSettings, targets: Targets, opened: Option<BinaryOpened>) -> Result<Resolver> {
         let (sampler, announcements, unwind_maps) = Sampler::start(settings)?;
         procs::raise_open_file_limit();
         let drop_reasons = if settings.net.iter().any(|e| e.kind() == kind::KFREE_SKB) {
@@ -59,7 +60,7 @@ impl Resolver {
         let mut resolver = Resolver {
             sampler,
             announcements,
-            processes: ProcessTable::default(),
+            processes: ProcessTable::new(opened),
             unwinder: Unwinder::new(unwind_maps),
             targets,
             drop_reasons,

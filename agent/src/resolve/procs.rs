@@ -61,6 +61,10 @@ impl Binary {
     }
 }
 
+/// Called for each binary when it is first opened (the symbolize stage starts fetching its
+/// debug info then).
+pub type BinaryOpened = Box<dyn FnMut(&Binary) + Send>;
+
 #[derive(Debug, Clone)]
 pub struct Mapping {
     pub start: u64,
@@ -220,6 +224,7 @@ pub struct ProcessTable {
     captured: Vec<u32>,
     /// Mapped files refused as hostile (`untrusted`): not tried again while mapped.
     refused: HashSet<MappedId>,
+    opened: Option<BinaryOpened>,
 }
 
 /// Bytes of /proc/<pid>/maps read at most: 65,530 mappings (the kernel's default limit) with
@@ -229,6 +234,10 @@ const MAX_MAPS_BYTES: usize = 16 << 20;
 const MAX_REFUSED: usize = 4096;
 
 impl ProcessTable {
+    pub fn new(opened: Option<BinaryOpened>) -> ProcessTable {
+        ProcessTable { opened, ..ProcessTable::default() }
+    }
+
     /// Reads (or re-reads) a process's mappings, as those of `life` (None: a process not
     /// announced, read at start-up). Returns false if it is gone.
     pub fn capture(&mut self, tgid: u32, life: Option<Life>) -> bool {
@@ -397,6 +406,9 @@ impl ProcessTable {
         }
         let binary = Arc::new(Binary { path: path.to_string(), build_id, id, size: meta.len(), file });
         self.binaries.insert(id, Arc::downgrade(&binary));
+        if let Some(opened) = self.opened.as_mut() {
+            opened(&binary);
+        }
         Some(binary)
     }
 

@@ -14,6 +14,7 @@ use std::{
 use object::{Object as _, ObjectSection as _};
 
 use super::debuginfod::{Debuginfod, DebuginfodSettings, Fetched};
+use crate::resolve::BinaryOpened;
 use crate::{
     resolve::Binary,
     unwind::{executable_segments, Segment},
@@ -64,8 +65,7 @@ pub struct DebugFiles {
 }
 
 impl DebugFiles {
-    pub fn new(settings: &SymbolSettings) -> DebugFiles {
-        let debuginfod = settings.debuginfod.clone().filter(|d| !d.urls.is_empty()).map(Debuginfod::start);
+    pub fn new(settings: &SymbolSettings, debuginfod: Option<Debuginfod>) -> DebugFiles {
         DebugFiles { dirs: settings.debug_dirs.clone(), debuginfod, known: HashMap::new() }
     }
 
@@ -89,6 +89,23 @@ impl DebugFiles {
             Some(Fetched::Unavailable) | None => own.clone(),
         }
     }
+}
+
+/// The debuginfod client the settings ask for, if any.
+pub fn start_debuginfod(settings: &SymbolSettings) -> Option<Debuginfod> {
+    settings.debuginfod.clone().filter(|d| !d.urls.is_empty()).map(Debuginfod::start)
+}
+
+/// What the resolve stage calls for each binary it opens: a stripped binary with no debug file
+/// here has its debug info fetched from then on, so that it is here when its first samples
+/// are named (the build id is known once the binary is open).
+pub fn prefetcher(settings: &SymbolSettings, debuginfod: Debuginfod) -> BinaryOpened {
+    let dirs = settings.debug_dirs.clone();
+    Box::new(move |binary: &Binary| {
+        if let Known::Fetchable { build_id, .. } = examine(binary, &dirs, true) {
+            debuginfod.get(&build_id);
+        }
+    })
 }
 
 fn examine(binary: &Binary, dirs: &[PathBuf], fetchable: bool) -> Known {

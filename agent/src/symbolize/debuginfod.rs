@@ -49,6 +49,9 @@ enum State {
     Unavailable { until: Instant },
 }
 
+/// The client: clones share the fetching thread and what it knows (the resolve stage starts
+/// fetches when it opens a binary, the symbolizer reads what they brought).
+#[derive(Clone)]
 pub struct Debuginfod {
     cache: PathBuf,
     state: Arc<Mutex<HashMap<String, State>>>,
@@ -87,6 +90,20 @@ impl Debuginfod {
                 let _ = self.requests.send(build_id.to_string());
                 Fetched::Pending
             }
+        }
+    }
+}
+
+impl Debuginfod {
+    /// Waits until no fetch is in flight, or `limit` has passed. Returns how many still are.
+    pub fn wait_for_fetches(&self, limit: Duration) -> usize {
+        let deadline = Instant::now() + limit;
+        loop {
+            let fetching = self.state.lock().expect("debuginfod state").values().filter(|s| matches!(s, State::Fetching)).count();
+            if fetching == 0 || Instant::now() >= deadline {
+                return fetching;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 }

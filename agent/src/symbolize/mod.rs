@@ -24,8 +24,8 @@ use blazesym::symbolize::{
     Input, Symbolized,
 };
 
-pub use debug_files::SymbolSettings;
-pub use debuginfod::DebuginfodSettings;
+pub use debug_files::{prefetcher, start_debuginfod, SymbolSettings};
+pub use debuginfod::{Debuginfod, DebuginfodSettings};
 pub use jit::jit_frame;
 
 use cache::FrameCache;
@@ -106,8 +106,8 @@ pub struct Symbolizer {
 }
 
 impl Symbolizer {
-    pub fn new(settings: &SymbolSettings) -> Self {
-        let debug_files = DebugFiles::new(settings);
+    pub fn new(settings: &SymbolSettings, debuginfod: Option<Debuginfod>) -> Self {
+        let debug_files = DebugFiles::new(settings, debuginfod);
         Symbolizer {
             blaze: blaze(),
             user: FrameCache::new(CACHE_GENERATION),
@@ -421,7 +421,7 @@ mod tests {
         // none, it is named from a symbol table index.
         let binary = Arc::new(Binary::open("/proc/self/exe"));
         for (budget, holds) in [(1 << 40, "held"), (0, "indexed")] {
-            let mut symbolizer = Symbolizer::new(&SymbolSettings { debug_info_budget: budget, ..Default::default() });
+            let mut symbolizer = Symbolizer::new(&SymbolSettings { debug_info_budget: budget, ..Default::default() }, None);
             let kept = |s: &Symbolizer| if budget == 0 { s.indexes.contains_key(&binary.id) } else { s.held.iter().any(|h| h.binary == binary.id) };
             symbolizer.prepare(&sampled(&binary, 0x1000));
             assert!(kept(&symbolizer), "{holds} once sampled");
