@@ -46,6 +46,30 @@ impl Footprint {
     }
 }
 
+/// Waits for the agent's footprint to settle: at least `min`, then until its counts (open
+/// files, mappings, threads) have gone `quiet` without a new highest, at most `max`. The agent
+/// meets the host's processes in its first tens of seconds (more of them, and slower, on a fresh
+/// machine): what it opens then is not growth. Returns how long it waited, None if the agent
+/// exited.
+pub fn settle(pid: u32, min: Duration, quiet: Duration, max: Duration) -> Option<Duration> {
+    let started = std::time::Instant::now();
+    let counts = |f: &Footprint| (f.open_files, f.mappings, f.threads);
+    let mut highest = (0, 0, 0);
+    let mut last_rise = started;
+    loop {
+        let now = counts(&Footprint::of(pid, started.elapsed())?);
+        if now.0 > highest.0 || now.1 > highest.1 || now.2 > highest.2 {
+            highest = (highest.0.max(now.0), highest.1.max(now.1), highest.2.max(now.2));
+            last_rise = std::time::Instant::now();
+        }
+        let waited = started.elapsed();
+        if waited >= max || (waited >= min && last_rise.elapsed() >= quiet) {
+            return Some(waited);
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
 /// The churn fixture, built into `dir`: (launcher, child). The launcher takes the child's path,
 /// seconds, and processes a second; each child is busy for 20 to 200 ms.
 pub fn build_churn(dir: &Path) -> (PathBuf, PathBuf) {

@@ -12,8 +12,10 @@ use ember_tests::{
 };
 
 const INTERVAL: Duration = Duration::from_secs(5);
-/// Long enough for every binary of the churn and the host to have been seen and named once.
-const WARM_UP: Duration = Duration::from_secs(20);
+/// Long enough for every binary of the churn and the host to have been seen and named once:
+/// at least the first, then until the agent's counts have not risen for the second, at most
+/// the third.
+const WARM_UP: (Duration, Duration, Duration) = (Duration::from_secs(20), Duration::from_secs(10), Duration::from_secs(60));
 const MEASURED: Duration = Duration::from_secs(60);
 const EVERY: Duration = Duration::from_secs(2);
 
@@ -25,9 +27,10 @@ fn footprint_stays_flat_at_999_hz_with_process_churn() {
     let profiles = dir.path("profiles");
     let mut agent = Agent::spawn(&["run", "-F", "999", "--interval", "5s", "--output-dir", profiles.to_str().unwrap()]);
     agent.wait_ready();
-    let seconds = (WARM_UP + MEASURED + INTERVAL).as_secs().to_string();
+    let seconds = (WARM_UP.2 + MEASURED + INTERVAL).as_secs().to_string();
     let mut launcher = Command::new(&churn).args([child.to_str().unwrap(), &seconds, "200"]).stdout(Stdio::null()).spawn().expect("starting the churn");
-    std::thread::sleep(WARM_UP);
+    let warm_up = soak::settle(agent.pid(), WARM_UP.0, WARM_UP.1, WARM_UP.2).unwrap_or_else(|| panic!("ember-agent exited in its warm-up:\n{}", agent.stderr()));
+    println!("warm-up: {warm_up:?}");
 
     let started = Instant::now();
     let mut samples = Vec::new();
@@ -41,12 +44,13 @@ fn footprint_stays_flat_at_999_hz_with_process_churn() {
     println!("{growth:?}");
     assert!(growth.problems().is_empty(), "the agent's footprint grew under churn: {}", growth.problems().join("; "));
 
-    assert!(launcher.wait().unwrap().success());
+    let _ = launcher.kill(); // it churns for the longest warm-up
+    let _ = launcher.wait();
     agent.signal(libc::SIGINT);
     let stderr = agent.wait_success(Duration::from_secs(30));
     assert!(!stderr.contains("profile is dropped"), "an interval was dropped:\n{stderr}");
     // It kept up: a profile for every interval of the run.
     let written = std::fs::read_dir(&profiles).unwrap().count() as u64;
-    let expected = (WARM_UP + MEASURED).as_secs() / INTERVAL.as_secs();
+    let expected = (warm_up + MEASURED).as_secs() / INTERVAL.as_secs();
     assert!(written >= expected, "{written} profiles written in {expected} intervals");
 }

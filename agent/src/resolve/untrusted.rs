@@ -192,12 +192,13 @@ impl Workers {
         }
         let (queue, idle) = (self.queue.clone(), self.idle.clone());
         idle.fetch_add(1, Ordering::Relaxed);
+        // Each job marks its worker idle again itself, before its caller hears of it: the
+        // caller's next job then finds the worker idle instead of starting another.
         let spawned = std::thread::Builder::new().name("ember-reader".into()).spawn(move || loop {
             let job = queue.lock().expect("reader queue").recv();
             let Ok(job) = job else { return };
             idle.fetch_sub(1, Ordering::Relaxed);
             job();
-            idle.fetch_add(1, Ordering::Relaxed);
         });
         spawned.is_ok()
     }
@@ -212,7 +213,9 @@ pub fn with_deadline<T: Send + 'static>(job: impl FnOnce() -> T + Send + 'static
     }
     let (done, result) = mpsc::sync_channel(1);
     let job: Job = Box::new(move || {
-        let _ = done.send(job());
+        let value = job();
+        Workers::get().idle.fetch_add(1, Ordering::Relaxed);
+        let _ = done.send(value);
     });
     workers.jobs.lock().expect("reader jobs").send(job).map_err(|_| Refused::NoWorker)?;
     result.recv_timeout(DEADLINE).map_err(|_| Refused::TooSlow)
@@ -276,6 +279,13 @@ mod tests {
         let waited = started.elapsed();
         assert!(waited >= DEADLINE && waited < DEADLINE * 4, "waited {waited:?}");
         assert_eq!(with_deadline(|| 42), Ok(42), "another worker takes the next job");
+        for i in 0..1000 {
+            assert_eq!(with_deadline(move || i), Ok(i));
+        }
+        // Had a worker been marked idle only after its caller heard back, a thousand calls in
+        // a row would have started all of them.
+        let started = Workers::get().started.load(Ordering::Relaxed);
+        assert!(started < MAX_WORKERS, "{started} workers for one caller at a time and one stuck job");
         release.send(()).unwrap();
     }
 }

@@ -13,7 +13,9 @@ use ember_tests::soak::{self, Footprint, Growth};
 
 use crate::{empty_dir, release_bin, Profiler};
 
+/// At least a minute, then until the agent's counts have not risen for 30 s (`soak::settle`).
 const WARM_UP: Duration = Duration::from_secs(60);
+const MAX_WARM_UP: Duration = Duration::from_secs(180);
 const EVERY: Duration = Duration::from_secs(30);
 const INTERVAL: &str = "10s";
 
@@ -21,16 +23,17 @@ pub fn run(seconds: u64) -> Result<()> {
     let window = Duration::from_secs(seconds);
     let dir = empty_dir("soak")?;
     let (churn, child) = soak::build_churn(&dir);
-    println!("bench soak: ember-agent at 999 Hz, {seconds}s measured after a {}s warm-up, churn of 200 processes/s and 2 busy workers", WARM_UP.as_secs());
+    println!("bench soak: ember-agent at 999 Hz, {seconds}s measured after a warm-up of at least {}s (until its counts settle), churn of 200 processes/s and 2 busy workers", WARM_UP.as_secs());
     let mut command = Command::new(release_bin("ember-agent"));
     command.args(["run", "-F", "999", "--interval", INTERVAL, "--output-dir"]).arg(dir.join("profiles"));
     let agent = Profiler::start("ember-agent", command)?;
-    let total = (WARM_UP + window + EVERY).as_secs().to_string();
+    let total = (MAX_WARM_UP + window + EVERY).as_secs().to_string();
     let mut load: Vec<Child> = vec![Command::new(&churn).arg(&child).args([&total, "200"]).stdout(Stdio::null()).spawn().context("starting the churn")?];
     for _ in 0..2 {
         load.push(Command::new(release_bin("fixture")).args(["split", &total]).stdout(Stdio::null()).spawn()?);
     }
-    std::thread::sleep(WARM_UP);
+    let warm_up = soak::settle(agent.pid(), WARM_UP, Duration::from_secs(30), MAX_WARM_UP).context("ember-agent exited in its warm-up")?;
+    println!("warm-up: {}s", warm_up.as_secs());
     let started = Instant::now();
     let mut samples = Vec::new();
     loop {
