@@ -66,7 +66,7 @@ pub async fn record(settings: RecordSettings) -> Result<()> {
     // Debug info still on its way is waited for (each fetch is bounded by its timeout), so that
     // the profile is named with it.
     if let (Some(debuginfod), Some(fetch)) = (&debuginfod, &settings.symbols.debuginfod) {
-        let waiting = debuginfod.wait_for_fetches(Duration::ZERO);
+        let waiting = debuginfod.in_flight();
         if waiting > 0 {
             tracing::info!(fetches = waiting, timeout = ?fetch.timeout, "waiting for debug info from debuginfod before writing");
             debuginfod.wait_for_fetches(fetch.timeout);

@@ -191,6 +191,27 @@ fn debuginfod_fills_names_in_later_intervals_and_a_hung_server_stalls_nothing() 
     assert!(all_hung > 1000 && named_hung == 0, "the hung binary: {named_hung} of {all_hung} named");
 }
 
+/// A held stripped fixture `name` (build id `id`) whose debug info only a debuginfod server on
+/// loopback has, answering after `delay`; and the agent's flags for it, each fetch bounded by
+/// `timeout`.
+fn stripped_behind_debuginfod(dir: &TempDir, name: &str, id: &str, delay: Duration, timeout: &str) -> (Child, Debuginfod, Vec<String>) {
+    let (binary, debug) = build_split(&dir.0, name, id);
+    let server = Debuginfod::start(id, std::fs::read(&debug).unwrap(), delay, "none");
+    std::fs::remove_file(&debug).unwrap();
+    let child = held(&binary, &["3"]);
+    let flags = vec![
+        "--pid".to_string(),
+        child.id().to_string(),
+        "--debuginfod-urls".to_string(),
+        format!("http://{}", server.address),
+        "--debuginfod-cache".to_string(),
+        dir.path("cache").to_str().unwrap().to_string(),
+        "--debuginfod-timeout".to_string(),
+        timeout.to_string(),
+    ];
+    (child, server, flags)
+}
+
 /// `record` starts the fetch when it opens the binary (at its exec), and waits for a fetch
 /// still in flight when the recording ends: a fetch that takes longer than the recording still
 /// names the profile.
@@ -198,17 +219,11 @@ fn debuginfod_fills_names_in_later_intervals_and_a_hung_server_stalls_nothing() 
 fn record_names_a_stripped_binary_from_debug_info_that_arrives_after_the_recording() {
     require_root();
     let dir = TempDir::new("debuginfod-record");
-    let id = "6666666666666666666666666666666666666666";
-    let (binary, debug) = build_split(&dir.0, "late", id);
-    let server = Debuginfod::start(id, std::fs::read(&debug).unwrap(), Duration::from_millis(2500), "none");
-    std::fs::remove_file(&debug).unwrap();
-    let mut child = held(&binary, &["3"]);
-    let (out, cache, url) = (dir.path("p.pb.gz"), dir.path("cache"), format!("http://{}", server.address));
-    let pid = child.id().to_string();
-    let mut agent = Agent::spawn(&[
-        "record", "-F", "499", "-d", "2s", "-o", out.to_str().unwrap(), "--pid", &pid,
-        "--debuginfod-urls", &url, "--debuginfod-cache", cache.to_str().unwrap(), "--debuginfod-timeout", "10s",
-    ]);
+    let (mut child, _server, flags) = stripped_behind_debuginfod(&dir, "late", "6666666666666666666666666666666666666666", Duration::from_millis(2500), "10s");
+    let out = dir.path("p.pb.gz");
+    let mut args = vec!["record", "-F", "499", "-d", "2s", "-o", out.to_str().unwrap()];
+    args.extend(flags.iter().map(String::as_str));
+    let mut agent = Agent::spawn(&args);
     agent.wait_ready();
     let started = Instant::now();
     release(&mut child);
@@ -227,17 +242,11 @@ fn record_names_a_stripped_binary_from_debug_info_that_arrives_after_the_recordi
 fn run_names_a_stripped_binary_in_the_interval_its_debug_info_arrived_in() {
     require_root();
     let dir = TempDir::new("debuginfod-run");
-    let id = "7777777777777777777777777777777777777777";
-    let (binary, debug) = build_split(&dir.0, "quick", id);
-    let server = Debuginfod::start(id, std::fs::read(&debug).unwrap(), Duration::from_millis(200), "none");
-    std::fs::remove_file(&debug).unwrap();
-    let mut child = held(&binary, &["2"]);
-    let (out, cache, url) = (dir.path("out"), dir.path("cache"), format!("http://{}", server.address));
-    let pid = child.id().to_string();
-    let mut agent = Agent::spawn(&[
-        "run", "-F", "499", "--interval", "5s", "--output-dir", out.to_str().unwrap(), "--pid", &pid,
-        "--debuginfod-urls", &url, "--debuginfod-cache", cache.to_str().unwrap(), "--debuginfod-timeout", "3s",
-    ]);
+    let (mut child, _server, flags) = stripped_behind_debuginfod(&dir, "quick", "7777777777777777777777777777777777777777", Duration::from_millis(200), "3s");
+    let out = dir.path("out");
+    let mut args = vec!["run", "-F", "499", "--interval", "5s", "--output-dir", out.to_str().unwrap()];
+    args.extend(flags.iter().map(String::as_str));
+    let mut agent = Agent::spawn(&args);
     agent.wait_ready();
     release(&mut child);
     assert!(child.wait().unwrap().success());

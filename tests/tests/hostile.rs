@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ember_tests::{compile_c, least_privilege_agent, require_root, Agent, Decoded, TempDir};
+use ember_tests::{compile_c, least_privilege_agent, require_root, usage::status_kib, Agent, Decoded, TempDir};
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/hostile/hostile.c");
 const MODES: [&str; 6] = ["plain", "fifo", "sparse", "no_newline", "growing", "loop"];
@@ -45,10 +45,10 @@ fn start(program: &Path, place: &'static str, mode: &'static str) -> Hostile {
     hostile
 }
 
+/// The process's peak resident memory; None once it has exited (a zombie shows none).
 fn peak_mib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: u64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches(" kB").trim().parse().ok()?;
-    Some(kib / 1024)
+    let kib = status_kib(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?, "VmHWM:");
+    (kib > 0).then_some(kib / 1024)
 }
 
 #[test]

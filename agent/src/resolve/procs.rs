@@ -14,7 +14,7 @@ use super::{
     open::{MappedId, Unopened, open_mapped},
     perf_map::{JitSymbol, PerfMap},
     proc_dir,
-    untrusted,
+    untrusted::{self, Refused},
     vdso,
 };
 use crate::{
@@ -340,10 +340,7 @@ impl ProcessTable {
     fn mapping(&mut self, dir: &Path, line: MapsLine) -> Mapping {
         let MapsLine { start, end, file_offset, path, .. } = line;
         let target = if path == "[vdso]" {
-            let vdso = vdso::image(end - start).and_then(|image| {
-                let build_id = build_id_of(&image);
-                self.shared(path, image, build_id)
-            });
+            let vdso = vdso::image(end - start).and_then(|image| self.shared(path, image, |image| Ok(build_id_of(image))).ok());
             vdso.map_or_else(|| MappingTarget::Special(path.to_string()), MappingTarget::File)
         } else if line.inode == 0 || path.is_empty() || path.starts_with('[') {
             MappingTarget::Special(if path.is_empty() { "[anon]".into() } else { path.to_string() })
@@ -371,18 +368,21 @@ impl ProcessTable {
         Some(binary)
     }
 
-    /// Opens the mapped file (see `open`) and reads its build id, on a worker (the process may
-    /// serve the file itself), or counts why it could not.
+    /// Opens the mapped file (see `open`) and, if it is new, reads its build id, each on a
+    /// worker (the process may serve the file itself), or counts why it could not.
     fn open_binary(&mut self, dir: &Path, range: &str, path: &str, mapped: MappedId) -> Option<Arc<Binary>> {
         let (dir_owned, range_owned, path_owned) = (dir.to_path_buf(), range.to_string(), path.to_string());
-        let opened = untrusted::with_deadline(move || {
-            let file = open_mapped(&dir_owned, &range_owned, &path_owned, mapped)?;
-            let build_id = build_id_of(&file);
-            Ok((file, build_id))
-        });
-        let (file, build_id) = match opened.unwrap_or_else(|refused| Err(Unopened::Refused(refused))) {
-            Ok(opened) => opened,
-            Err(Unopened::Exited) => return None,
+        let opened = untrusted::with_deadline(move || open_mapped(&dir_owned, &range_owned, &path_owned, mapped));
+        let read_build_id = |file: &File| {
+            let file = file.try_clone()?;
+            untrusted::with_deadline(move || build_id_of(&file))
+        };
+        let binary = opened
+            .unwrap_or_else(|refused| Err(Unopened::Refused(refused)))
+            .and_then(|file| self.shared(path.trim_end_matches(" (deleted)"), file, read_build_id).map_err(Unopened::Refused));
+        match binary {
+            Ok(binary) => Some(binary),
+            Err(Unopened::Exited) => None,
             Err(why) => {
                 tracing::debug!(process = %dir.display(), path, reason = why.reason(), "mapped file not opened: its frames keep module+offset");
                 metrics::add("ember_binaries_unopened_total", &[("reason", why.reason())], 1.0);
@@ -391,25 +391,26 @@ impl ProcessTable {
                         self.refused.insert(mapped);
                     }
                 }
-                return None;
+                None
             }
-        };
-        self.shared(path.trim_end_matches(" (deleted)"), file, build_id)
+        }
     }
 
-    /// The binary `file` is, shared with every process that maps the same file.
-    fn shared(&mut self, path: &str, file: File, build_id: Option<String>) -> Option<Arc<Binary>> {
-        let meta = file.metadata().ok()?;
+    /// The binary `file` is, shared with every process that maps the same file; a new one's
+    /// build id is read with `build_id`.
+    fn shared(&mut self, path: &str, file: File, build_id: impl FnOnce(&File) -> Result<Option<String>, Refused>) -> Result<Arc<Binary>, Refused> {
+        let meta = file.metadata()?;
         let id = (meta.dev(), meta.ino());
         if let Some(binary) = self.binaries.get(&id).and_then(Weak::upgrade) {
-            return Some(binary);
+            return Ok(binary);
         }
+        let build_id = build_id(&file)?;
         let binary = Arc::new(Binary { path: path.to_string(), build_id, id, size: meta.len(), file });
         self.binaries.insert(id, Arc::downgrade(&binary));
         if let Some(opened) = self.opened.as_mut() {
             opened(&binary);
         }
-        Some(binary)
+        Ok(binary)
     }
 
     /// How many processes exited before their mappings could be read, since the last call.

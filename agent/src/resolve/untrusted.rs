@@ -92,12 +92,14 @@ pub fn regular(file: File, max: u64) -> Result<File, Refused> {
     Ok(file)
 }
 
-/// Opens `path` read-only without blocking (a FIFO opens at once), without following a
-/// symlink at its end, as a regular file.
+/// Opens `path` read-only without blocking (a FIFO opens at once).
+fn open_nonblocking(path: &Path) -> io::Result<File> {
+    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(path)
+}
+
+/// Opens `path` read-only without blocking, as a regular file of at most `max` bytes.
 pub fn open_regular(path: &Path, max: u64) -> Result<File, Refused> {
-    let mut options = std::fs::OpenOptions::new();
-    options.read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
-    regular(options.open(path)?, max)
+    regular(open_nonblocking(path)?, max)
 }
 
 /// Up to `cap` bytes of a /proc file of a process (maps, status, stat, comm): the kernel writes
@@ -105,10 +107,8 @@ pub fn open_regular(path: &Path, max: u64) -> Result<File, Refused> {
 /// them, each with a path of its choosing). Past the cap, the text ends at its last complete
 /// line, and the cut is counted.
 pub fn read_proc(path: &Path, cap: usize) -> io::Result<String> {
-    let mut options = std::fs::OpenOptions::new();
-    options.read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
     let mut bytes = Vec::new();
-    options.open(path)?.take(cap as u64 + 1).read_to_end(&mut bytes)?;
+    open_nonblocking(path)?.take(cap as u64 + 1).read_to_end(&mut bytes)?;
     if bytes.len() > cap {
         let end = bytes[..cap].iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
         bytes.truncate(end);

@@ -95,14 +95,15 @@ impl Debuginfod {
 }
 
 impl Debuginfod {
-    /// Waits until no fetch is in flight, or `limit` has passed. Returns how many still are.
-    pub fn wait_for_fetches(&self, limit: Duration) -> usize {
+    /// Fetches started and not yet ended.
+    pub fn in_flight(&self) -> usize {
+        self.state.lock().expect("debuginfod state").values().filter(|s| matches!(s, State::Fetching)).count()
+    }
+
+    /// Waits until no fetch is in flight, or `limit` has passed.
+    pub fn wait_for_fetches(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
-        loop {
-            let fetching = self.state.lock().expect("debuginfod state").values().filter(|s| matches!(s, State::Fetching)).count();
-            if fetching == 0 || Instant::now() >= deadline {
-                return fetching;
-            }
+        while self.in_flight() > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
