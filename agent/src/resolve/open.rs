@@ -107,11 +107,7 @@ pub fn open_in_root(root: &File, path: &str) -> io::Result<File> {
 }
 
 fn maps_shows_another_device(file: &File) -> bool {
-    // SAFETY: fstatfs fills the statfs struct it is given for a live fd.
-    unsafe {
-        let mut fs: libc::statfs = std::mem::zeroed();
-        libc::fstatfs(file.as_raw_fd(), &mut fs) == 0 && matches!(fs.f_type, OVERLAYFS_SUPER_MAGIC | BTRFS_SUPER_MAGIC)
-    }
+    matches!(untrusted::filesystem_type(file), Some(OVERLAYFS_SUPER_MAGIC | BTRFS_SUPER_MAGIC))
 }
 
 #[cfg(test)]

@@ -39,6 +39,8 @@ pub struct JitSymbol {
 #[derive(Debug, Default)]
 pub struct PerfMap {
     file: Option<Arc<File>>,
+    /// Whether a process serves the file (`untrusted::served_by_a_process`).
+    served: bool,
     tried: Option<Instant>,
     /// The interval it was last read in (`untrusted::interval`).
     read_in: Option<u64>,
@@ -88,7 +90,7 @@ impl PerfMap {
         if self.file.is_none() && self.tried.is_none_or(|t| t.elapsed() >= RETRY_OPEN) {
             self.tried = Some(Instant::now());
             match open(tgid) {
-                Ok(file) => self.file = Some(Arc::new(file)),
+                Ok((file, served)) => (self.file, self.served) = (Some(Arc::new(file)), served),
                 Err(refused) => self.refuse(refused, tgid),
             }
         }
@@ -110,14 +112,14 @@ impl PerfMap {
         (addr < *end).then(|| JitSymbol { start, name: name.clone() })
     }
 
-    /// Reads what was appended since the last read (on a worker: the process may serve the
-    /// file itself), within this interval's cap.
+    /// Reads what was appended since the last read (on a worker if the process serves the file
+    /// itself), within this interval's cap.
     fn read_new(&mut self) -> Result<(), Refused> {
         let Some(file) = self.file.clone() else { return Ok(()) };
         self.read_in = Some(untrusted::interval());
         let start = self.read;
         let cap = untrusted::take_perf_map_bytes(MAX_READ);
-        let (size, bytes) = untrusted::with_deadline(move || untrusted::read_from(&file, start, cap))??;
+        let (size, bytes) = untrusted::read_with(self.served, move || untrusted::read_from(&file, start, cap))??;
         if size < self.read {
             // Rewritten from the start (the pid exec'd another runtime): forget the old code,
             // unless the map is frozen, when the rewrite is the next life's.
@@ -198,14 +200,18 @@ pub fn parse_line(line: &str) -> Option<(u64, u64, &str)> {
 }
 
 /// The process's perf map, opened inside its root under the pid it knows itself by, on a
-/// worker (the process may serve its /tmp itself).
-fn open(tgid: u32) -> Result<File, Refused> {
+/// worker (the process may serve its /tmp itself), and whether a process serves it.
+fn open(tgid: u32) -> Result<(File, bool), Refused> {
     let missing = Refused::Failed(std::io::ErrorKind::NotFound);
     let status = untrusted::read_proc(Path::new(&format!("/proc/{tgid}/status")), 64 << 10)?;
     let own_pid = status.lines().find_map(|l| l.strip_prefix("NSpid:")).and_then(|l| l.split_whitespace().last()).ok_or(missing)?;
     let root = super::proc_dir::first_showing(tgid, |dir| File::open(dir.join("root")).ok()).ok_or(missing)?;
     let path = format!("/tmp/perf-{own_pid}.map");
-    untrusted::with_deadline(move || untrusted::regular(open_in_root(&root, &path)?, u64::MAX))?
+    untrusted::with_deadline(move || {
+        let file = untrusted::regular(open_in_root(&root, &path)?, u64::MAX)?;
+        let served = untrusted::served_by_a_process(&file);
+        Ok((file, served))
+    })?
 }
 
 #[cfg(test)]

@@ -368,18 +368,22 @@ impl ProcessTable {
         Some(binary)
     }
 
-    /// Opens the mapped file (see `open`) and, if it is new, reads its build id, each on a
-    /// worker (the process may serve the file itself), or counts why it could not.
+    /// Opens the mapped file (see `open`) on a worker and, if it is new, reads its build id (on
+    /// a worker too if a process serves the file), or counts why it could not.
     fn open_binary(&mut self, dir: &Path, range: &str, path: &str, mapped: MappedId) -> Option<Arc<Binary>> {
         let (dir_owned, range_owned, path_owned) = (dir.to_path_buf(), range.to_string(), path.to_string());
-        let opened = untrusted::with_deadline(move || open_mapped(&dir_owned, &range_owned, &path_owned, mapped));
-        let read_build_id = |file: &File| {
-            let file = file.try_clone()?;
-            untrusted::with_deadline(move || build_id_of(&file))
-        };
-        let binary = opened
-            .unwrap_or_else(|refused| Err(Unopened::Refused(refused)))
-            .and_then(|file| self.shared(path.trim_end_matches(" (deleted)"), file, read_build_id).map_err(Unopened::Refused));
+        let opened = untrusted::with_deadline(move || {
+            let file = open_mapped(&dir_owned, &range_owned, &path_owned, mapped)?;
+            let served = untrusted::served_by_a_process(&file);
+            Ok((file, served))
+        });
+        let binary = opened.unwrap_or_else(|refused| Err(Unopened::Refused(refused))).and_then(|(file, served)| {
+            let read_build_id = |file: &File| {
+                let file = file.try_clone()?;
+                untrusted::read_with(served, move || build_id_of(&file))
+            };
+            self.shared(path.trim_end_matches(" (deleted)"), file, read_build_id).map_err(Unopened::Refused)
+        });
         match binary {
             Ok(binary) => Some(binary),
             Err(Unopened::Exited) => None,

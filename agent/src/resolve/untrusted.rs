@@ -2,9 +2,11 @@
 //! may be a FIFO (whose open waits for a writer for ever), a sparse file of many gigabytes, a
 //! file that grows while it is read, or sit on a filesystem the process serves itself (FUSE in
 //! a namespace of its own), where an open or a read may never return. So each is opened without
-//! blocking and refused unless it is a regular file, read with a byte cap, and, where the
-//! process serves the file, opened and read on a worker thread that the caller waits for only
-//! until a deadline: a read that does not return costs a worker, never the drain.
+//! blocking and refused unless it is a regular file, and read with a byte cap. Opens run on a
+//! worker thread that the caller waits for only until a deadline, and so do the reads of files a
+//! process may serve (FUSE): a read that does not return costs a worker, never the drain. Other
+//! reads run where they are asked for: a local disk may be slow under load (a cold binary of
+//! 100 MB while its process starts), but it answers, and slowness is not hostility.
 use std::{
     fs::File,
     io::{self, Read},
@@ -19,14 +21,18 @@ use std::{
 
 use crate::ops::metrics;
 
-/// How long a caller waits for a worker's open or read. A local read of a few megabytes takes
-/// milliseconds; one past this is stuck.
+/// How long a caller waits for a worker's open, or its read of a file a process serves. An open
+/// takes microseconds, and a daemon that serves files answers in milliseconds; one past this is
+/// stuck.
 const DEADLINE: Duration = Duration::from_millis(500);
 /// Workers at most. Each stuck read holds one; with all of them stuck, reads are refused.
 const MAX_WORKERS: usize = 8;
 /// Bytes of perf maps read per interval, across every process: a map that grows without end
 /// costs at most this much reading per drain.
 const PERF_MAP_BYTES_PER_INTERVAL: u64 = 64 << 20;
+/// `statfs`'s f_type of FUSE filesystems (linux/magic.h).
+const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
 /// Mapped files larger than this are not opened (no real executable comes near it; a sparse
 /// file of 20 GiB does).
 pub const MAX_BINARY_BYTES: u64 = 4 << 30;
@@ -166,6 +172,27 @@ pub fn interval() -> u64 {
     INTERVAL.load(Ordering::Relaxed)
 }
 
+/// Whether `file` is on a filesystem a process may serve itself (FUSE), where a read may never
+/// return. Asked on a worker, right after the open (asking FUSE may not return either).
+pub fn served_by_a_process(file: &File) -> bool {
+    filesystem_type(file) == Some(FUSE_SUPER_MAGIC)
+}
+
+/// The `statfs` f_type (linux/magic.h) of the filesystem `file` is on.
+pub fn filesystem_type(file: &File) -> Option<i64> {
+    // SAFETY: fstatfs fills the statfs struct it is given for a live fd.
+    unsafe {
+        let mut fs: libc::statfs = std::mem::zeroed();
+        (libc::fstatfs(std::os::fd::AsRawFd::as_raw_fd(file), &mut fs) == 0).then_some(fs.f_type)
+    }
+}
+
+/// Runs `read` (of a file `served_by_a_process` or not) on a worker under the deadline if a
+/// process serves the file, else here.
+pub fn read_with<T: Send + 'static>(served_by_a_process: bool, read: impl FnOnce() -> T + Send + 'static) -> Result<T, Refused> {
+    if served_by_a_process { with_deadline(read) } else { Ok(read()) }
+}
+
 type Job = Box<dyn FnOnce() + Send>;
 
 struct Workers {
@@ -204,7 +231,7 @@ impl Workers {
     }
 }
 
-/// Runs `job` (an open or a read of a file a process serves) on a worker, and waits for it
+/// Runs `job` (an open, or a read of a file a process serves) on a worker, and waits for it
 /// until the deadline.
 pub fn with_deadline<T: Send + 'static>(job: impl FnOnce() -> T + Send + 'static) -> Result<T, Refused> {
     let workers = Workers::get();
@@ -253,6 +280,7 @@ mod tests {
         assert_eq!(open_regular(&sparse, MAX_BINARY_BYTES).unwrap_err(), Refused::TooLarge);
         std::fs::remove_file(&sparse).unwrap();
         assert_eq!(open_regular(Path::new("/dev/null"), u64::MAX).unwrap_err(), Refused::NotRegular);
+        assert!(!served_by_a_process(&File::open("/proc/self/exe").unwrap()));
     }
 
     #[test]
