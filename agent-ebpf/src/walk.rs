@@ -19,7 +19,10 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 
-use crate::{announce_unmapped, bump, BufferSet};
+use crate::{
+    announce::announce_unmapped,
+    buffers::{bump, BufferSet},
+};
 
 /// Every loaded table's rows; userspace sizes it to the table memory budget and fills it
 /// through a shared mapping.
@@ -240,7 +243,8 @@ pub fn walk(set: &BufferSet, tgid: u32, tag: u16, regs: Option<&pt_regs>) -> Res
         }
         // Loaded from the map either way: one path on from here for the verifier.
         let outside = unsafe { core::ptr::read_volatile(&(*scratch).outside) };
-        if outside != 0 {
+        // Not code: a wrong return address.
+        if in_user_space(outside) {
             announce_unmapped(tgid, tag, outside, set);
         }
     }

@@ -4,7 +4,7 @@ use std::{path::PathBuf, time::Duration};
 
 use clap::{builder::PossibleValue, Args, ValueEnum};
 
-use crate::{kernel::Event, settings::parse_duration};
+use crate::{duration::parse_duration, kernel::Event};
 
 /// `--event cpu-clock`: the kernel stage's event, by the name it prints.
 impl ValueEnum for Event {

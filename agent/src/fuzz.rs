@@ -2,9 +2,10 @@
 //! feeds arbitrary bytes to one surface where the agent reads input it does not control, and
 //! checks what must hold for any input. A panic, a hang or a failed check is a crash.
 use crate::{
+    duration::parse_duration,
     kernel::{tracefs::Format, Btf},
     resolve::{from_cgroup_path, relabel::Relabeler, MapsLine},
-    settings::{parse_duration, FileConfig},
+    settings::FileConfig,
 };
 
 /// The agent's config file (TOML), its durations and its relabel rules, applied to labels

@@ -10,6 +10,7 @@
 //! the on-CPU sampler's ticks. Imports only point down that list.
 mod cli;
 mod drain_schedule;
+mod duration;
 mod encode;
 mod governor;
 mod kernel;

@@ -13,7 +13,8 @@ use aya::maps::{HashMap as BpfHashMap, IterableMap as _, MapData, PerCpuValues, 
 use super::{
     batch,
     load::Sampler,
-    rates::{spread_unsampled, SamplingRates},
+    rates::spread_unsampled,
+    sampling::SamplingRates,
 };
 
 /// A stack read from a stack map, leaf first.

@@ -18,12 +18,13 @@ use aya::{
 
 use super::{
     accounting::RunTimeStats,
+    aya_errors::chain,
     announce::Announcements,
     barrier::ProgramBarrier,
-    events::{Event, KernelSettings},
+    events::KernelSettings,
     btf::Btf,
     layouts::{area_layout, exit_group_dead, fork_child_pid, net_layouts, switch_layout, task_layout, transmit_attribution},
-    rates::{PerfSampling, SamplingRates},
+    sampling::{PerfSampling, SamplingRates},
     unwind_maps::UnwindMaps,
     Stack,
 };
@@ -262,34 +263,4 @@ fn log_verified(program: &str, info: Result<ProgramInfo, ProgramError>) {
 
 fn take(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
     ebpf.take_map(name).with_context(|| format!("BPF object has no map {name}"))
-}
-
-/// Appends the sources of an error, which aya keeps out of its Display.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut out = String::new();
-    let mut source = error.source();
-    while let Some(e) = source {
-        out.push_str(": ");
-        out.push_str(&e.to_string());
-        source = e.source();
-    }
-    out
-}
-
-pub(super) fn perf_open_error(event: Event, cpu: u32, error: &aya::programs::ProgramError) -> anyhow::Error {
-    let detail = chain(error);
-    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").unwrap_or_default();
-    if detail.contains("No such file") || detail.contains("not supported") || detail.contains("Operation not supported") {
-        anyhow::anyhow!(
-            "perf event {} is not supported on this machine (no hardware PMU?): use --event cpu-clock",
-            event.name()
-        )
-    } else if detail.contains("Permission denied") || detail.contains("not permitted") {
-        anyhow::anyhow!(
-            "perf_event_open on CPU {cpu} was refused (kernel.perf_event_paranoid = {}): run as root or grant CAP_PERFMON",
-            paranoid.trim()
-        )
-    } else {
-        anyhow::anyhow!("attaching the sampler to CPU {cpu} failed: {error}{detail}")
-    }
 }

@@ -3,6 +3,7 @@
 //! once per interval. Its only caller is the resolve stage (and `settings`, for validation).
 mod accounting;
 mod announce;
+mod aya_errors;
 mod barrier;
 mod batch;
 mod btf;
@@ -11,6 +12,7 @@ mod events;
 mod layouts;
 mod load;
 mod rates;
+mod sampling;
 mod unwind_maps;
 pub mod preflight;
 pub mod tracefs;
@@ -20,7 +22,8 @@ pub use announce::Announcements;
 pub use drain::{Counters, RawInterval, Stack};
 pub use events::{Event, KernelSettings, NetEvent, OffCpuSettings};
 pub use load::Sampler;
-pub use rates::{Overhead, SamplingRates, TickPhase};
+pub use rates::Overhead;
+pub use sampling::{SamplingRates, TickPhase};
 pub use unwind_maps::UnwindMaps;
 #[cfg(fuzzing)]
 pub use btf::Btf;

@@ -3,31 +3,14 @@
 //! event counts `ratio` times. (What the programs cost, they count themselves:
 //! `agent_common::counter::RUN_NS`.)
 
-use std::time::{Duration, Instant};
-
-use agent_common::{names, Rates, SampleKey, SampleValue};
+use agent_common::{names, SampleKey, SampleValue};
 use anyhow::{Context as _, Result};
-use aya::programs::{
-    perf_event::{PerfEventLinkId, PerfEventScope, SamplePolicy},
-    PerfEvent,
+use aya::programs::PerfEvent;
+
+use super::{
+    load::Sampler,
+    sampling::{SamplingRates, TickPhase},
 };
-
-use super::{events::Event, load::Sampler};
-
-/// The rates in force: on-CPU frequency (Hz), one off-CPU block and one network event in
-/// how many are recorded.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SamplingRates {
-    pub frequency: u64,
-    pub off_cpu_ratio: u32,
-    pub net_ratio: u32,
-}
-
-impl SamplingRates {
-    pub(super) fn kernel(self) -> Rates {
-        Rates { off_cpu_ratio: self.off_cpu_ratio, net_ratio: self.net_ratio }
-    }
-}
 
 /// What profiling cost over one interval, as shares of one core.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -40,57 +23,6 @@ pub struct Overhead {
 impl Overhead {
     pub fn total(&self) -> f64 {
         self.agent + self.bpf
-    }
-}
-
-/// The perf events that drive on-CPU sampling, one per CPU, re-opened to change frequency.
-pub(super) struct PerfSampling {
-    pub(super) event: Event,
-    pub(super) cpus: Vec<u32>,
-    /// Each CPU's event (in the order of `cpus`), and when it was opened.
-    pub(super) links: Vec<(PerfEventLinkId, Instant)>,
-    /// When the clock events' ticks fall, as of the last attach.
-    pub(super) ticks: TickPhase,
-}
-
-impl PerfSampling {
-    pub(super) fn new(event: Event, cpus: Vec<u32>) -> PerfSampling {
-        let ticks = TickPhase { start: Instant::now(), period: Duration::from_secs(1) };
-        PerfSampling { event, cpus, links: Vec::new(), ticks }
-    }
-
-    /// Opens the event on every CPU at `frequency` and attaches the program to each.
-    pub(super) fn attach(&mut self, prog: &mut PerfEvent, frequency: u64) -> Result<()> {
-        let opening = Instant::now();
-        for &cpu in &self.cpus {
-            let link = prog
-                .attach(self.event.config(), PerfEventScope::AllProcessesOneCpu { cpu }, SamplePolicy::Frequency(frequency), false)
-                .map_err(|e| super::load::perf_open_error(self.event, cpu, &e))?;
-            // A clock event starts ticking once enabled, just before `attach` returns.
-            self.links.push((link, Instant::now()));
-        }
-        // A clock event ticks a period after it is opened, then every period (the kernel
-        // turns the frequency into a fixed period). The CPUs' events were opened one after
-        // the other: take the middle.
-        let start = opening + Instant::now().duration_since(opening) / 2;
-        self.ticks = TickPhase { start, period: Duration::from_nanos(1_000_000_000 / frequency.max(1)) };
-        Ok(())
-    }
-
-    /// Closes the events and opens them at `frequency`. Returns, per CPU (by id), what each
-    /// closed clock event ran after its last tick (ns), which no sample of it stands for: half
-    /// a period on average, 0.5 s per CPU at 1 Hz.
-    pub(super) fn reopen(&mut self, prog: &mut PerfEvent, frequency: u64, nr_cpus: usize) -> Result<Vec<u64>> {
-        let period = self.ticks.period.as_nanos().max(1);
-        let mut unsampled = vec![0u64; nr_cpus];
-        for (&cpu, (link, opened)) in self.cpus.iter().zip(std::mem::take(&mut self.links)) {
-            prog.detach(link).context("detaching the on-CPU sampler")?;
-            if let Some(slot) = unsampled.get_mut(cpu as usize).filter(|_| self.event.is_clock()) {
-                *slot = (opened.elapsed().as_nanos() % period) as u64;
-            }
-        }
-        self.attach(prog, frequency)?;
-        Ok(unsampled)
     }
 }
 
@@ -114,24 +46,6 @@ pub(super) fn spread_unsampled(unsampled: &[u64], per_cpu: &[(usize, Vec<u64>)],
         if let Some((_, value)) = counts.get_mut(*index) {
             value.total += share.round() as u64;
         }
-    }
-}
-
-/// When the on-CPU sampler's clock ticks: every `period` from `start`, on every CPU.
-#[derive(Clone, Copy, Debug)]
-pub struct TickPhase {
-    start: Instant,
-    period: Duration,
-}
-
-impl TickPhase {
-    /// The first time at or after `t` that lies halfway between two ticks.
-    pub fn between_ticks(&self, t: Instant) -> Instant {
-        let period = self.period.as_nanos().max(1);
-        let phase = t.saturating_duration_since(self.start).as_nanos() % period;
-        let half = period / 2;
-        let wait = if phase <= half { half - phase } else { period - phase + half };
-        t + Duration::from_nanos(wait as u64)
     }
 }
 
@@ -165,9 +79,12 @@ impl Sampler {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
+    use std::{
+        sync::{
+            atomic::{AtomicBool, Ordering},
+            Arc,
+        },
+        time::Duration,
     };
 
     use agent_common::kind;
@@ -251,19 +168,5 @@ mod tests {
         let ratio = sampled_ns as f64 / cpu_ns as f64;
         println!("samples add up to {:.3} s of {:.3} s of CPU ({ratio:.3})", sampled_ns as f64 / 1e9, cpu_ns as f64 / 1e9);
         assert!((0.95..=1.05).contains(&ratio), "samples add up to {ratio:.3} of the CPU time used");
-    }
-
-    #[test]
-    fn drains_fall_halfway_between_ticks() {
-        let start = Instant::now();
-        let ticks = TickPhase { start, period: Duration::from_millis(1000) };
-        let at = |ms: u64| start + Duration::from_millis(ms);
-        // Ticks at 0, 1000, 2000...: the midpoints at 500, 1500...
-        assert_eq!(ticks.between_ticks(at(2000)), at(2500));
-        assert_eq!(ticks.between_ticks(at(2010)), at(2500));
-        assert_eq!(ticks.between_ticks(at(2500)), at(2500));
-        assert_eq!(ticks.between_ticks(at(2600)), at(3500));
-        // Before the first tick, as after it.
-        assert_eq!(ticks.between_ticks(start), at(500));
     }
 }

@@ -1,9 +1,11 @@
 //! Stage 2, resolve: owns the loaded kernel side, captures new processes when the kernel
 //! announces them (their mappings, while they still run), and turns each drain into a
 //! resolved interval of processes, cgroup labels and binary offsets. The commands call it.
+mod binary;
 mod cgroups;
 mod interval;
 mod life;
+mod maps_line;
 mod open;
 mod perf_map;
 pub mod pods;
@@ -19,12 +21,13 @@ use std::collections::HashMap;
 use agent_common::kind;
 use anyhow::Result;
 
+pub use binary::{Binary, BinaryOpened};
 pub use cgroups::cgroup_id;
 pub use interval::{ResolvedInterval, ResolvedSample, Site};
-pub use procs::{Binary, BinaryOpened, UserAddress};
+pub use procs::UserAddress;
 pub use targets::Targets;
 #[cfg(fuzzing)]
-pub use {procs::MapsLine, targets::from_cgroup_path};
+pub use {maps_line::MapsLine, targets::from_cgroup_path};
 
 use crate::{
     kernel::{tracefs::Format, Announcements, KernelSettings, Sampler},
@@ -51,7 +54,7 @@ impl Resolver {
     /// told of each binary as it is first opened.
     pub fn start(settings: &KernelSettings, targets: Targets, opened: Option<BinaryOpened>) -> Result<Resolver> {
         let (sampler, announcements, unwind_maps) = Sampler::start(settings)?;
-        procs::raise_open_file_limit();
+        binary::raise_open_file_limit();
         let drop_reasons = if settings.net.iter().any(|e| e.kind() == kind::KFREE_SKB) {
             Format::read("skb", "kfree_skb")?.symbols("reason")
         } else {

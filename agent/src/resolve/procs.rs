@@ -4,13 +4,15 @@
 use std::{
     collections::{HashMap, HashSet},
     fs::{self, File},
-    os::{fd::AsRawFd, unix::fs::MetadataExt},
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     sync::{Arc, Weak},
 };
 
 use super::{
+    binary::{build_id_of, Binary, BinaryOpened},
     life::Life,
+    maps_line::MapsLine,
     open::{MappedId, Unopened, open_mapped},
     perf_map::{JitSymbol, PerfMap},
     proc_dir,
@@ -21,49 +23,6 @@ use crate::{
     ops::metrics,
     unwind::{MappedFile, TableKey},
 };
-
-/// An executable file mapped by some process, kept open for symbolization.
-#[derive(Debug)]
-pub struct Binary {
-    /// Path as the process saw it (for display and pprof mapping names).
-    pub path: String,
-    pub build_id: Option<String>,
-    /// (device, inode): identifies the file across processes.
-    pub id: (u64, u64),
-    pub size: u64,
-    file: File,
-}
-
-impl Binary {
-    /// The file at `path`, opened outside any process (for tests of what names binaries).
-    #[cfg(test)]
-    pub fn open(path: &str) -> Binary {
-        let file = File::open(path).expect("opening a test binary");
-        let meta = file.metadata().expect("its metadata");
-        Binary { path: path.to_string(), build_id: None, id: (meta.dev(), meta.ino()), size: meta.len(), file }
-    }
-
-    /// A path that reaches this exact file from the agent, whatever happens to the original.
-    pub fn open_path(&self) -> PathBuf {
-        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
-    }
-
-    pub fn name(&self) -> &str {
-        self.path.rsplit('/').next().unwrap_or(&self.path)
-    }
-
-    /// Its unwind table's identity: copies of one build share it.
-    pub fn table_key(&self) -> TableKey {
-        match &self.build_id {
-            Some(id) => TableKey::BuildId(id.clone()),
-            None => TableKey::File(self.id.0, self.id.1),
-        }
-    }
-}
-
-/// Called for each binary when it is first opened (the symbolize stage starts fetching its
-/// debug info then).
-pub type BinaryOpened = Box<dyn FnMut(&Binary) + Send>;
 
 #[derive(Debug, Clone)]
 pub struct Mapping {
@@ -134,69 +93,6 @@ pub enum UserAddress {
     Unmapped(u64),
 }
 
-/// One line of /proc/<pid>/maps: "start-end perms offset dev inode   path".
-#[derive(Debug, PartialEq, Eq)]
-pub struct MapsLine<'l> {
-    /// "start-end", as map_files names the mapping.
-    pub range: &'l str,
-    pub start: u64,
-    pub end: u64,
-    pub executable: bool,
-    pub file_offset: u64,
-    /// "major:minor" in hex.
-    pub device: &'l str,
-    pub inode: u64,
-    /// The path, which may hold spaces; empty for anonymous memory.
-    pub path: &'l str,
-}
-
-impl<'l> MapsLine<'l> {
-    pub fn parse(line: &'l str) -> Option<MapsLine<'l>> {
-        let mut rest = line;
-        let mut field = || {
-            let trimmed = rest.trim_start_matches(' ');
-            let (field, after) = trimmed.split_once(' ').unwrap_or((trimmed, ""));
-            rest = after;
-            Some(field).filter(|f| !f.is_empty())
-        };
-        let (range, perms, offset, device, inode) = (field()?, field()?, field()?, field()?, field()?);
-        let (start, end) = range.split_once('-')?;
-        let (start, end) = (u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?);
-        if start > end {
-            return None;
-        }
-        Some(MapsLine {
-            range,
-            start,
-            end,
-            executable: perms.contains('x'),
-            file_offset: u64::from_str_radix(offset, 16).ok()?,
-            device,
-            inode: inode.parse().ok()?,
-            path: rest.trim_start_matches(' '),
-        })
-    }
-}
-
-/// The GNU build id of the ELF file `file`, in hex.
-fn build_id_of(file: &File) -> Option<String> {
-    let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-    let id = blazesym::helper::read_elf_build_id(&path).ok().flatten()?;
-    Some(id.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// Raises the open-file limit to its hard limit: the table keeps every mapped binary open, and
-/// the usual soft limit (1024) is too few on a busy host.
-pub fn raise_open_file_limit() {
-    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit/setrlimit with a valid rlimit struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
-        }
-    }
-}
 
 /// Every process running now, by tgid.
 pub fn running_processes() -> Vec<u32> {
@@ -517,33 +413,5 @@ impl ProcessTable {
             self.refused.clear(); // tried once more each
         }
         forgotten
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::MapsLine;
-
-    #[test]
-    fn parses_maps_lines_with_and_without_paths() {
-        let line = MapsLine::parse("55d1c2a00000-55d1c2a21000 r-xp 00002000 fd:01 1234567                    /usr/bin/my  app").unwrap();
-        assert_eq!(
-            line,
-            MapsLine {
-                range: "55d1c2a00000-55d1c2a21000",
-                start: 0x55d1c2a00000,
-                end: 0x55d1c2a21000,
-                executable: true,
-                file_offset: 0x2000,
-                device: "fd:01",
-                inode: 1234567,
-                path: "/usr/bin/my  app",
-            }
-        );
-        let anonymous = MapsLine::parse("7f0000000000-7f0000001000 rw-p 00000000 00:00 0 ").unwrap();
-        assert_eq!((anonymous.executable, anonymous.inode, anonymous.path), (false, 0, ""));
-        assert_eq!(MapsLine::parse("7f0000001000-7f0000000000 r-xp 00000000 00:00 0"), None, "end before start");
-        assert_eq!(MapsLine::parse("7f0000000000-7f0000001000 r-xp"), None);
-        assert_eq!(MapsLine::parse(""), None);
     }
 }

@@ -8,7 +8,7 @@ use std::{
     sync::OnceLock,
 };
 
-use super::procs::MapsLine;
+use super::maps_line::MapsLine;
 
 /// The copy, and its length.
 static IMAGE: OnceLock<Option<(File, u64)>> = OnceLock::new();

@@ -13,11 +13,11 @@ use ember_proto::{
 };
 use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
 
-pub use file::parse_duration;
 pub use file::FileConfig;
 
 use crate::{
     cli::{RecordArgs, RunArgs, SamplingArgs, SymbolArgs},
+    duration::parse_duration,
     encode::ProfileKind,
     kernel::{tracefs::Format, Event, KernelSettings, NetEvent, OffCpuSettings},
     resolve::{

@@ -1,0 +1,23 @@
+//! What the programs tell userspace of a process through the ring buffer.
+/// Sent through the ring buffer the first time a process is sampled (and again after it
+/// execs), so that userspace captures its memory mappings while it still runs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessEvent {
+    pub tgid: u32,
+    /// The life of the pid announced (`SampleKey::process_tag`).
+    pub tag: u16,
+    pub _pad: u16,
+    /// 0 for a process seen for the first time or after exec. Else a pc where a user-stack
+    /// walk ended outside every mapping userspace gave the walker: code mapped since they
+    /// were read (a library loaded with dlopen) if no mapping userspace knows holds it.
+    pub pc: u64,
+    /// The process's start (ns since boot, its leader's `start_boottime`, which /proc shows
+    /// in clock ticks), or 0 when announced from another task's context: userspace checks it
+    /// to not read another process's mappings for it after its pid was reused.
+    pub start_ns: u64,
+    /// Where the process's stack starts (`mm->start_stack`, /proc's stat field 28), or 0 when
+    /// announced from another task's context. An exec maps a new stack, at a random place:
+    /// userspace checks it to not read the mappings of a program exec'd since for this life.
+    pub start_stack: u64,
+}

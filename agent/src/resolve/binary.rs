@@ -1,0 +1,70 @@
+//! Binaries mapped by sampled processes, each held open once per host (by device and inode),
+//! so that a process that exits before the drain, or whose binary is deleted, still
+//! symbolizes.
+use std::{fs::File, os::fd::AsRawFd, path::PathBuf};
+
+use crate::unwind::TableKey;
+
+/// An executable file mapped by some process, kept open for symbolization.
+#[derive(Debug)]
+pub struct Binary {
+    /// Path as the process saw it (for display and pprof mapping names).
+    pub path: String,
+    pub build_id: Option<String>,
+    /// (device, inode): identifies the file across processes.
+    pub id: (u64, u64),
+    pub size: u64,
+    pub(super) file: File,
+}
+
+impl Binary {
+    /// The file at `path`, opened outside any process (for tests of what names binaries).
+    #[cfg(test)]
+    pub fn open(path: &str) -> Binary {
+        use std::os::unix::fs::MetadataExt;
+        let file = File::open(path).expect("opening a test binary");
+        let meta = file.metadata().expect("its metadata");
+        Binary { path: path.to_string(), build_id: None, id: (meta.dev(), meta.ino()), size: meta.len(), file }
+    }
+
+    /// A path that reaches this exact file from the agent, whatever happens to the original.
+    pub fn open_path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+
+    pub fn name(&self) -> &str {
+        self.path.rsplit('/').next().unwrap_or(&self.path)
+    }
+
+    /// Its unwind table's identity: copies of one build share it.
+    pub fn table_key(&self) -> TableKey {
+        match &self.build_id {
+            Some(id) => TableKey::BuildId(id.clone()),
+            None => TableKey::File(self.id.0, self.id.1),
+        }
+    }
+}
+
+/// Called for each binary when it is first opened (the symbolize stage starts fetching its
+/// debug info then).
+pub type BinaryOpened = Box<dyn FnMut(&Binary) + Send>;
+
+/// The GNU build id of the ELF file `file`, in hex.
+pub fn build_id_of(file: &File) -> Option<String> {
+    let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    let id = blazesym::helper::read_elf_build_id(&path).ok().flatten()?;
+    Some(id.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Raises the open-file limit to its hard limit: the table keeps every mapped binary open, and
+/// the usual soft limit (1024) is too few on a busy host.
+pub fn raise_open_file_limit() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
