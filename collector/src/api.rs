@@ -12,9 +12,9 @@ use axum::{
 use serde::Serialize;
 
 use crate::{
-    http::{checked_range, error, limited, range_or_default, selector, Api, Params},
     labels,
     query::{self, NS},
+    request::{checked_range, error, limited, range_or_default, selector, Api, Params},
     series,
     tree::{Tree, TreeBuilder},
 };

@@ -14,7 +14,8 @@ use ember_proto::{
 use prost::Message;
 
 use crate::{
-    http::{router, QueryLimits},
+    http::router,
+    request::QueryLimits,
     service::{check, CollectorService},
     store::{Checked, Store},
 };

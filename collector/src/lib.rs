@@ -12,6 +12,7 @@ mod labels;
 mod offline;
 mod pull;
 mod query;
+mod request;
 mod rollup;
 mod series;
 mod server;
@@ -29,7 +30,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use ember_proto::security::{self, ClientSecurity, ServerSecurity};
 
-use crate::{http::QueryLimits, server::ServeSettings};
+use crate::{request::QueryLimits, server::ServeSettings};
 
 #[derive(Parser)]
 #[command(name = "ember-collector", version, about = "Ember's collector: receive, store and query profiles")]

@@ -11,7 +11,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use ember_proto::{ember::collector_server::CollectorServer, security};
 
-use crate::{http, pull, rollup, service, store};
+use crate::{http, pull, request::QueryLimits, rollup, service, store};
 
 /// `ember-collector serve`, resolved.
 pub struct ServeSettings {
@@ -26,7 +26,7 @@ pub struct ServeSettings {
     pub retention: Duration,
     pub max_bytes: u64,
     pub rollup_delay: Duration,
-    pub query_limits: http::QueryLimits,
+    pub query_limits: QueryLimits,
 }
 
 pub async fn serve(args: ServeSettings) -> Result<()> {

@@ -25,8 +25,9 @@ const AGENT: &[&[&str]] = &[
 const COLLECTOR: &[&[&str]] = &[
     &["buckets", "store", "tree"],
     &["query", "service", "labels", "series", "rollup"],
-    &["pull", "https"],
-    &["http", "api", "ui"],
+    &["pull", "https", "request"],
+    &["api", "ui"],
+    &["http"],
     &["offline", "server"],
     &["main", "lib", "fuzz"],
 ];
