@@ -6,7 +6,7 @@ use std::{path::Path, process::Command, time::Duration};
 use ember_tests::{
     agent_bin, http_get, least_privilege_agent, metric, require_root,
     transport::{collector_bin, free_address, stop_agent},
-    Agent, Decoded, Fixture, TempDir, DEPLOY,
+    wait_for_metric, Agent, Decoded, Fixture, TempDir, DEPLOY,
 };
 
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
@@ -69,7 +69,9 @@ fn agent_with_only_the_units_capabilities_profiles_and_serves_health_and_metrics
     let busy = String::from_utf8(body).unwrap();
     assert!(metric(&busy, "ember_map_fill_ratio{map=\"counts\"}") > 0.0, "{busy}");
     fixture.finish();
-    std::thread::sleep(Duration::from_millis(1500));
+    // The fixture's profiles, symbolized and waiting in the spool (a loaded host delays them).
+    wait_for_metric(status, "ember_symbol_cache_misses_total", Duration::from_secs(20), |misses| misses > 0.0);
+    wait_for_metric(status, "ember_spool_profiles{sink=\"collector\"}", Duration::from_secs(20), |profiles| profiles >= 2.0);
     assert_eq!(http_get(status, "/healthz"), (200, b"ok\n".to_vec()));
     let (code, body) = http_get(status, "/metrics");
     let metrics = String::from_utf8(body).unwrap();
