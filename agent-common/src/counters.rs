@@ -42,13 +42,15 @@ pub mod counter {
     /// User stack walks by how they ended, from here on one counter per `unwind_stop`
     /// reason (index `UNWIND_STOPS + reason`; `END` counts complete stacks).
     pub const UNWIND_STOPS: u32 = 16;
+    /// Python walks by how they ended, one counter per `python_stop` reason.
+    pub const PYTHON_STOPS: u32 = UNWIND_STOPS + crate::unwind_stop::COUNT;
     /// What the programs cost, measured by themselves while `MEASURE_RUN_TIME` is set (under
     /// a CPU budget), by source (`run::ON_CPU`, `run::OFF_CPU`, `run::NET`), at index
     /// `RUN_NS + run::SLOTS * source + slot`, the nanoseconds and number of runs that recorded
     /// something (the part a sampling rate scales) and of runs that recorded nothing (sampled
     /// out, filtered, idle: the part no rate lowers). A program's own clock misses what the
     /// kernel spends to enter and leave it; the run counts let the agent add that.
-    pub const RUN_NS: u32 = UNWIND_STOPS + crate::unwind_stop::COUNT;
+    pub const RUN_NS: u32 = PYTHON_STOPS + crate::python_stop::COUNT;
     /// Number of counters.
     pub const COUNT: u32 = RUN_NS + super::run::SLOTS * super::run::SOURCES;
 
@@ -78,6 +80,10 @@ pub mod counter {
         (UNWIND_STOPS + 4, "unwind_stop_unsupported"),
         (UNWIND_STOPS + 5, "unwind_stop_signal"),
         (UNWIND_STOPS + 6, "unwind_stop_bad_frame"),
+        (PYTHON_STOPS, "python_complete"),
+        (PYTHON_STOPS + 1, "python_stop_no_thread"),
+        (PYTHON_STOPS + 2, "python_stop_read_fault"),
+        (PYTHON_STOPS + 3, "python_stop_depth"),
         (RUN_NS + 0, "bpf_run_ns_on_cpu"),
         (RUN_NS + 1, "bpf_runs_on_cpu"),
         (RUN_NS + 2, "bpf_run_ns_skipped_on_cpu"),

@@ -57,4 +57,6 @@ pub struct TaskLayout {
     /// `mm`: the process's memory; and in `struct mm_struct`, `start_stack` (u64).
     pub mm: u32,
     pub start_stack: u32,
+    /// `thread.fsbase`: the user thread pointer (x86-64), which `pthread_self()` returns.
+    pub fsbase: u32,
 }

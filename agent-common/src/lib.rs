@@ -8,6 +8,7 @@ pub mod names;
 mod network;
 mod offcpu;
 mod process;
+mod python;
 mod rates;
 mod sample;
 mod unwind;
@@ -17,6 +18,9 @@ pub use layouts::{AreaLayout, FieldLayout, SwitchLayout, TaskLayout};
 pub use network::{attribution, SocketOwner};
 pub use offcpu::{block_state, OffCpuStart};
 pub use process::ProcessEvent;
+pub use python::{
+    entry_kind, position_kind, python_frame, python_stop, PythonLayout, PythonProcess, MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS,
+};
 pub use rates::Rates;
 pub use sample::{kind, stack_status, SampleKey, SampleValue, COMM_LEN, IFNAMSIZ};
 pub use unwind::{
@@ -42,4 +46,5 @@ mod pod {
     unsafe impl aya::Pod for super::ProcessMappings {}
     unsafe impl aya::Pod for super::ExecMapping {}
     unsafe impl aya::Pod for super::PageRows {}
+    unsafe impl aya::Pod for super::PythonProcess {}
 }

@@ -12,6 +12,8 @@ pub const UNWIND_PAGES: &str = "UNWIND_PAGES";
 pub const MAPPINGS: &str = "MAPPINGS";
 /// Per process (tgid): where its mappings are in `MAPPINGS`.
 pub const PROCESS_MAPPINGS: &str = "PROCESS_MAPPINGS";
+/// Per process (tgid): its CPython interpreter, for the Python walk (`PythonProcess`).
+pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
 /// Both sets' counters: set A's `counter::COUNT`, then set B's.
 pub const COUNTERS: &str = "COUNTERS";
 /// One-element array: the interval's generation; the programs write to set

@@ -15,6 +15,10 @@ pub struct UserStack {
     pub len: u32,
     /// One of `unwind_stop`: why the walk ended.
     pub stop: u32,
+    /// Python frames, innermost first from the end of `frames` backwards (`python_frame`),
+    /// and why their walk ended (`python_stop`).
+    pub python: u32,
+    pub python_stop: u32,
     pub frames: [u64; MAX_USER_FRAMES],
 }
 

@@ -4,7 +4,7 @@
 //! Programs, a file each: `oncpu` (perf_event), `offcpu` (sched_switch), `network` (one
 //! program per net tracepoint, and the socket's last sender), `process_life` (fork, exec,
 //! exit, code replaced in place, cgroup moves). What they share: `buffers` (the A/B sets and
-//! their counters), `aggregate` (adding to a key), `walk` (user stacks), `announce` (telling
+//! their counters), `aggregate` (adding to a key), `walk` (user stacks) with `python` (Python frames) and `hash`, `announce` (telling
 //! userspace of a process), `task` and `thread_cache` (what a key says of the current task),
 //! `config` (filters, layouts and rates set by userspace), `run_time` (measuring themselves).
 #![no_std]
@@ -16,10 +16,12 @@ mod aggregate;
 mod announce;
 mod buffers;
 mod config;
+mod hash;
 mod network;
 mod offcpu;
 mod oncpu;
 mod process_life;
+mod python;
 mod run_time;
 mod task;
 mod thread_cache;

@@ -13,6 +13,7 @@ use crate::{
     buffers::{active_set, bump},
     config::{config, field, passes_filters},
     offcpu::OFF_CPU_START,
+    python,
     task::{current_life, CODE_REPLACEMENTS},
     thread_cache::bump_fields_epoch,
     walk,
@@ -69,6 +70,7 @@ fn forget(tgid: u32) {
 #[inline(always)]
 fn forget_code(tgid: u32) {
     walk::forget_process(tgid);
+    python::forget_process(tgid);
     let _ = CODE_REPLACEMENTS.remove(&tgid);
 }
 

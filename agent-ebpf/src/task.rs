@@ -10,7 +10,7 @@ use aya_ebpf::{
 use crate::config::config;
 
 #[no_mangle]
-pub static TASK_LAYOUT: TaskLayout = TaskLayout { group_leader: 0, start_boottime: 0, self_exec_id: 0, comm: 0, mm: 0, start_stack: 0 };
+pub static TASK_LAYOUT: TaskLayout = TaskLayout { group_leader: 0, start_boottime: 0, self_exec_id: 0, comm: 0, mm: 0, start_stack: 0, fsbase: 0 };
 
 /// Per tgid, how many times the process mapped something where its code was since its exec
 /// (`area_placed`): each time starts a life of its own. Few processes do. (Preallocated, as
@@ -65,4 +65,10 @@ pub fn current_comm() -> [u8; COMM_LEN] {
         let words = [*comm, *comm.add(1)];
         core::mem::transmute::<[u64; 2], [u8; COMM_LEN]>(words)
     }
+}
+
+/// The current thread's user thread pointer (fsbase), which `pthread_self()` returns.
+#[inline(always)]
+pub fn current_thread_pointer() -> u64 {
+    unsafe { *((bpf_get_current_task_btf() as *const u8).add(config(&TASK_LAYOUT).fsbase as usize) as *const u64) }
 }

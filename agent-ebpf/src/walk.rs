@@ -6,13 +6,13 @@
 use core::ffi::c_void;
 
 use agent_common::{
-    counter, row_kind, stack_status, unwind_stop, ExecMapping, ProcessMappings, SampleKey, UnwindRow, UserStack, MAX_MAPPINGS,
+    counter, python_stop, row_kind, stack_status, unwind_stop, ExecMapping, ProcessMappings, SampleKey, UnwindRow, UserStack, MAX_MAPPINGS,
     MAX_USER_FRAMES, PageRows, UNWIND_PAGE,
 };
 use aya_ebpf::{
     bindings::{pt_regs, BPF_F_MMAPABLE},
     helpers::{
-        bpf_probe_read_user,
+        bpf_get_current_pid_tgid, bpf_probe_read_user,
         generated::{bpf_get_current_task_btf, bpf_loop, bpf_probe_read_user as bpf_probe_read_user_raw, bpf_task_pt_regs},
     },
     macros::map,
@@ -22,6 +22,8 @@ use aya_ebpf::{
 use crate::{
     announce::announce_unmapped,
     buffers::{bump, BufferSet},
+    hash::mix,
+    python,
 };
 
 /// Every loaded table's rows; userspace sizes it to the table memory budget and fills it
@@ -211,21 +213,22 @@ pub fn walk(set: &BufferSet, tgid: u32, tag: u16, regs: Option<&pt_regs>) -> Res
         (*scratch).unloaded = unloaded;
         (*scratch).outside = 0;
     }
-    let mut walk = Walk {
-        pc,
-        sp,
-        bp,
-        mappings,
-        stack,
-        scratch,
-        window_start: 0,
-        window_end: 0,
-        hash: 0xcbf2_9ce4_8422_2325,
-        check: 0x9e37_79b9_7f4a_7c15,
-    };
-    let walked = unsafe {
-        bpf_loop(MAX_USER_FRAMES as u32, step as *mut c_void, &mut walk as *mut Walk as *mut c_void, 0)
-    };
+    let (mut hash, mut check) = (0xcbf2_9ce4_8422_2325, 0x9e37_79b9_7f4a_7c15);
+    // Python frames first, from the end of the frames: the native walk then stops short of
+    // them. (Each is one word where a deep native stack would have had a frame.)
+    let pid = bpf_get_current_pid_tgid() as u32;
+    let python = python::walk(tgid, pid, stack, &mut hash, &mut check);
+    let python_frames = python.as_ref().map_or(0, |p| p.frames);
+    unsafe {
+        (*stack).python = python_frames;
+        (*stack).python_stop = python.as_ref().map_or(0, |p| p.stop);
+    }
+    if let Some(python) = python {
+        bump(set, counter::PYTHON_STOPS + python.stop.min(python_stop::COUNT - 1));
+    }
+    let mut walk = Walk { pc, sp, bp, mappings, stack, scratch, window_start: 0, window_end: 0, hash, check };
+    let native = (MAX_USER_FRAMES as u32).saturating_sub(python_frames);
+    let walked = unsafe { bpf_loop(native, step as *mut c_void, &mut walk as *mut Walk as *mut c_void, 0) };
     if walked < 0 {
         bump(set, counter::USER_STACK_ERROR);
         return Err(stack_status::ERROR);
@@ -276,11 +279,6 @@ pub fn maps_code_in(tgid: u32, range: impl FnOnce() -> (u64, u64)) -> bool {
 #[inline(always)]
 pub fn forget_process(tgid: u32) {
     let _ = PROCESS_MAPPINGS.remove(&tgid);
-}
-
-#[inline(always)]
-fn mix(hash: u64, value: u64) -> u64 {
-    (hash ^ value).wrapping_mul(0x0000_0100_0000_01b3)
 }
 
 /// Stores the stack `walked` (this CPU's walk buffer) under its id, unless the same stack is

@@ -9,7 +9,7 @@ pub use codec::{decode_gzip, encode_gzip};
 pub use merge::merge;
 pub use select::{retain_samples, totals};
 pub use strings::{string, StringIndex};
-pub use views::{flamegraph, folded, unit, view, View, JIT_MAPPING, KERNEL_MAPPING};
+pub use views::{flamegraph, folded, unit, view, View, JIT_MAPPING, KERNEL_MAPPING, PYTHON_MAPPING};
 
 /// Maps keyed by ids, strings and stacks of profiles: a fast hash (foldhash, seeded per
 /// process) rather than SipHash, which took a fifth of a merge's or a tree's time.

@@ -52,6 +52,10 @@ pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 /// Name of the mapping that holds JIT-compiled functions, named from perf maps.
 pub const JIT_MAPPING: &str = "[jit]";
 
+/// Name of the mapping that holds Python functions (their file names and lines in their
+/// functions and lines).
+pub const PYTHON_MAPPING: &str = "[python]";
+
 /// Folded stacks of the profile's value `value_index`, rooted at the values of
 /// `root_labels` (e.g. the thread name). Kernel frames carry the `_[k]` suffix, JIT frames
 /// `_[j]` and inlined functions `_[i]`, as perf's folded output does.

@@ -6,12 +6,12 @@ use std::{collections::HashMap, time::UNIX_EPOCH};
 
 use agent_common::counter;
 use ember_proto::pprof::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
-use ember_pprof::{StringIndex, JIT_MAPPING, KERNEL_MAPPING};
+use ember_pprof::{StringIndex, JIT_MAPPING, KERNEL_MAPPING, PYTHON_MAPPING};
 
 use super::kinds::{attribution_label, state_label, tracepoint_label, ProfileKind};
 use crate::{
     kernel::Event,
-    resolve::{ResolvedInterval, Site, UserAddress},
+    resolve::{PythonFrame, ResolvedInterval, Site, UserAddress},
     symbolize::{jit_frame, Frame, Symbolizer},
 };
 
@@ -24,6 +24,7 @@ enum LocationKey {
     User((u64, u64), u64),
     Special(String, u64),
     Jit(std::sync::Arc<str>, u64),
+    Python(std::sync::Arc<PythonFrame>),
     Unmapped(u64),
     Kernel(u64),
     Marker(&'static str),
@@ -84,6 +85,7 @@ impl Builder {
             Site::User(UserAddress::Special { name, offset }) => LocationKey::Special(name.clone(), *offset),
             Site::User(UserAddress::Jit(symbol)) => LocationKey::Jit(symbol.name.clone(), symbol.start),
             Site::User(UserAddress::Unmapped(addr)) => LocationKey::Unmapped(*addr),
+            Site::Python(frame) => LocationKey::Python(frame.clone()),
             Site::Kernel(addr) => LocationKey::Kernel(*addr),
             Site::Marker(marker) => LocationKey::Marker(marker.label()),
         };
@@ -102,6 +104,10 @@ impl Builder {
             // One location per function: a perf map names functions, not instructions.
             Site::User(UserAddress::Jit(symbol)) => (self.mapping(JIT_MAPPING, None, 0, u64::MAX), symbol.start, vec![jit_frame(&symbol.name)]),
             Site::User(UserAddress::Unmapped(addr)) => (0, *addr, plain(format!("[unmapped]+{addr:#x}"))),
+            Site::Python(frame) => {
+                let frames = vec![Frame { function: frame.name.to_string(), file: frame.file.to_string(), line: frame.line }];
+                (self.mapping(PYTHON_MAPPING, None, 0, 0), 0, frames)
+            }
             Site::Kernel(addr) => {
                 let frames = symbols.kernel(*addr).map(|f| f.to_vec());
                 let frames = frames.unwrap_or_else(|| plain(format!("[kernel]+{addr:#x}")));

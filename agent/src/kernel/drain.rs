@@ -6,7 +6,7 @@ use std::{
     time::SystemTime,
 };
 
-use agent_common::{counter, kind, unwind_stop, SampleKey, SampleValue, UserStack};
+use agent_common::{counter, kind, python_stop, unwind_stop, SampleKey, SampleValue, UserStack};
 use anyhow::{Context as _, Result};
 use aya::maps::{HashMap as BpfHashMap, IterableMap as _, MapData, PerCpuValues, StackTraceMap};
 
@@ -23,6 +23,9 @@ pub struct Stack {
     pub frames: Vec<u64>,
     /// Why the walk ended (`agent_common::unwind_stop`); kernel stacks are always `END`.
     pub stop: u32,
+    /// Python frames, innermost first (`agent_common::python_frame`), and why their walk
+    /// ended (`python_stop`); None where the process runs no interpreter Ember knows.
+    pub python: Option<(Vec<u64>, u32)>,
 }
 
 /// Which stack map a key's stack id refers to: (user, buffer set, id).
@@ -145,7 +148,7 @@ impl StackMap for StackTraceMap<MapData> {
     const USER: bool = false;
     fn read_all(&self) -> Result<Vec<(u32, Option<Stack>)>> {
         let ids: Vec<u32> = self.stack_ids().collect::<Result<_, _>>().context("reading kernel stack ids")?;
-        let read = |id| Some(Stack { frames: self.get(&id, 0).ok()?.frames().iter().map(|f| f.ip).collect(), stop: unwind_stop::END });
+        let read = |id| Some(Stack { frames: self.get(&id, 0).ok()?.frames().iter().map(|f| f.ip).collect(), stop: unwind_stop::END, python: None });
         Ok(ids.into_iter().map(|id| (id, read(id))).collect())
     }
     fn remove(&mut self, ids: &[u32]) -> Result<()> {
@@ -158,8 +161,8 @@ impl StackMap for BpfHashMap<MapData, u32, UserStack> {
     fn read_all(&self) -> Result<Vec<(u32, Option<Stack>)>> {
         let mut stacks = Vec::new();
         batch::read(self.map(), 1, false, |id: u32, stack: &[UserStack]| {
-            let frames = stack[0].frames.get(..stack[0].len as usize);
-            stacks.push((id, frames.map(|frames| Stack { frames: frames.to_vec(), stop: stack[0].stop })));
+            let stack = &stack[0];
+            stacks.push((id, stack.frames.get(..stack.len as usize).map(|frames| Stack { frames: frames.to_vec(), stop: stack.stop, python: python_frames(stack) })));
         })
         .context("reading user stacks")?;
         Ok(stacks)
@@ -175,4 +178,14 @@ fn drain_stacks<M: StackMap>(map: &mut M, retained: &HashSet<(bool, u32)>) -> Re
     let unreferenced: Vec<u32> = stacks.iter().map(|(id, _)| *id).filter(|id| !retained.contains(&(M::USER, *id))).collect();
     map.remove(&unreferenced)?;
     Ok(stacks.into_iter().filter_map(|(id, stack)| Some(((M::USER, id), stack?))).collect())
+}
+
+/// A user stack's Python frames, innermost first (the walk writes them from the end of the
+/// frames backwards), if its process runs an interpreter the walk was told of.
+fn python_frames(stack: &UserStack) -> Option<(Vec<u64>, u32)> {
+    if stack.python == 0 && stack.python_stop == python_stop::END {
+        return None;
+    }
+    let count = (stack.python as usize).min(stack.frames.len());
+    Some((stack.frames.iter().rev().take(count).copied().collect(), stack.python_stop))
 }

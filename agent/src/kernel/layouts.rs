@@ -30,6 +30,7 @@ pub(super) fn task_layout(btf: &Btf) -> Result<TaskLayout> {
         comm: btf.member_offset("task_struct", "comm")?,
         mm: btf.member_offset("task_struct", "mm")?,
         start_stack: btf.member_offset("mm_struct", "start_stack")?,
+        fsbase: btf.member_offset("task_struct", "thread")? + btf.member_offset("thread_struct", "fsbase")?,
     })
 }
 

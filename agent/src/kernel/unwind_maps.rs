@@ -1,10 +1,11 @@
 //! The walker's inputs in the kernel: the array every loaded unwind table's rows live in, the
-//! array of processes' executable mappings, and where each process's mappings are. The
+//! array of processes' executable mappings, where each process's mappings are, and each
+//! CPython process's interpreter. The
 //! unwind stage decides what goes where; this only writes. Both arrays are written through a
 //! shared mapping (one copy, not one syscall per entry).
 use std::os::fd::{AsFd as _, AsRawFd as _};
 
-use agent_common::{ExecMapping, PageRows, ProcessMappings, UnwindRow};
+use agent_common::{ExecMapping, PageRows, ProcessMappings, PythonProcess, UnwindRow};
 use anyhow::{bail, Context as _, Result};
 use aya::{
     maps::{Array, HashMap as BpfHashMap, IterableMap as _, MapData},
@@ -16,6 +17,7 @@ pub struct UnwindMaps {
     pages: Array<MapData, PageRows>,
     mappings: Array<MapData, ExecMapping>,
     processes: BpfHashMap<MapData, u32, ProcessMappings>,
+    pythons: BpfHashMap<MapData, u32, PythonProcess>,
 }
 
 impl UnwindMaps {
@@ -24,8 +26,9 @@ impl UnwindMaps {
         pages: Array<MapData, PageRows>,
         mappings: Array<MapData, ExecMapping>,
         processes: BpfHashMap<MapData, u32, ProcessMappings>,
+        pythons: BpfHashMap<MapData, u32, PythonProcess>,
     ) -> UnwindMaps {
-        UnwindMaps { rows, pages, mappings, processes }
+        UnwindMaps { rows, pages, mappings, processes, pythons }
     }
 
     /// Rows the row array holds (the table memory budget).
@@ -68,6 +71,18 @@ impl UnwindMaps {
     /// Forgets a process (the kernel also does when it exits; a miss is fine).
     pub fn remove_process(&mut self, tgid: u32) {
         let _ = self.processes.remove(&tgid);
+        let _ = self.pythons.remove(&tgid);
+    }
+
+    /// Tells the walk of a process's interpreter (None: it runs none).
+    pub fn set_python(&mut self, tgid: u32, python: Option<PythonProcess>) -> Result<()> {
+        match python {
+            Some(python) => self.pythons.insert(tgid, python, 0).with_context(|| format!("telling the walk of process {tgid}'s interpreter")),
+            None => {
+                let _ = self.pythons.remove(&tgid);
+                Ok(())
+            }
+        }
     }
 }
 

@@ -56,6 +56,8 @@ const HELP: &[(&str, &str)] = &[
     ("ember_unwind_mappings_dropped_total", "Executable mappings beyond what the walker holds per process (walked by frame pointers)"),
     ("ember_binaries_unopened_total", "Mapped files the agent could not open as the process maps them, by reason: unreachable (deleted, or its path leads out of the process's root) or changed (its path now names another file), which map_files (CAP_SYS_ADMIN) avoids; not_regular, too_large (over 4 GiB), too_slow (no answer to an open, or to a read on FUSE, in 500 ms) or no_worker (every reader held by such a file); their frames keep module+offset"),
     ("ember_untrusted_files_refused_total", "Files a process can shape that were refused, by file (perf_map) and reason: not_regular (a FIFO, socket or device), too_slow (no answer to an open, or to a read on FUSE, in 500 ms: never read again) or no_worker; their frames stay unnamed"),
+    ("ember_python_code_unreadable_total", "Python code objects the agent could not read from their process (a bad address, or memory that is not a code object of the version found); their frames are shown as unreadable"),
+    ("ember_python_unknown_versions_total", "Files named for a CPython the agent cannot walk (a version it does not know, or a file it could not read as one); their processes show native frames only"),
     ("ember_untrusted_reads_capped_total", "Reads of files a process can shape that hit a cap, by file: perf_map (64 MiB of perf maps an interval; the rest is read at the next), perf_map_line (a line over 4 KiB, skipped), proc (a /proc file over its cap, cut at a line)"),
     ("ember_symbol_cache_hits_total", "Addresses symbolized from the cache"),
     ("ember_symbol_cache_misses_total", "Addresses symbolized by reading debug info"),

@@ -3,10 +3,11 @@
 //! file offset. Runs right after the drain, while short-lived processes may still exist.
 use std::{collections::HashMap, sync::Arc, time::SystemTime};
 
-use agent_common::{kind, stack_status, unwind_stop, SampleKey, SampleValue};
+use agent_common::{kind, python_stop, stack_status, unwind_stop, SampleKey, SampleValue};
 
 use super::{
     procs::{ProcessTable, UserAddress},
+    python::{PythonFrame, Pythons},
     relabel::Labels,
     targets::Targets,
 };
@@ -29,6 +30,9 @@ pub enum Marker {
     /// The user stack's walk stopped early (`agent_common::unwind_stop`): the root of a
     /// truncated stack.
     Truncated(u32),
+    /// The Python walk stopped early (`agent_common::python_stop`): below the Python frames
+    /// it found.
+    PythonTruncated(u32),
     /// The user stack was walked before the process's tables were loaded: the root of a
     /// stack that may lack the callers of functions without frame pointers.
     FramePointersOnly,
@@ -52,6 +56,12 @@ impl Marker {
                 unwind_stop::BAD_FRAME => "[truncated: bad frame]",
                 _ => "[truncated]",
             },
+            Marker::PythonTruncated(stop) => match stop {
+                python_stop::NO_THREAD => "[python truncated: thread state not found]",
+                python_stop::READ_FAULT => "[python truncated: interpreter memory unreadable]",
+                python_stop::DEPTH => "[python truncated: depth limit]",
+                _ => "[python truncated]",
+            },
             Marker::FramePointersOnly => "[walked by frame pointers: tables not loaded yet]",
         }
     }
@@ -60,6 +70,8 @@ impl Marker {
 #[derive(Debug, Clone)]
 pub enum Site {
     User(UserAddress),
+    /// A Python function, in place of the evaluation loop's native frame that ran it.
+    Python(Arc<PythonFrame>),
     Kernel(u64),
     Marker(Marker),
 }
@@ -130,7 +142,7 @@ impl ResolvedInterval {
 /// Names of kfree_skb drop reasons (from its tracepoint format), by value.
 pub type DropReasons = HashMap<u32, String>;
 
-pub fn resolve(raw: RawInterval, procs: &mut ProcessTable, targets: &mut Targets, reasons: &DropReasons) -> ResolvedInterval {
+pub fn resolve(raw: RawInterval, procs: &mut ProcessTable, pythons: &mut Pythons, targets: &mut Targets, reasons: &DropReasons) -> ResolvedInterval {
     let mut labels: HashMap<u64, Option<Arc<Labels>>> = HashMap::new();
     let mut relabel_dropped = 0;
     let samples = raw
@@ -154,7 +166,7 @@ pub fn resolve(raw: RawInterval, procs: &mut ProcessTable, targets: &mut Targets
                 device: c_string(&key.device),
                 state: key.aux,
                 reason,
-                stack: stack(key, &raw, procs),
+                stack: stack(key, &raw, procs, pythons),
                 value: *value,
             })
         })
@@ -176,13 +188,50 @@ fn c_string(bytes: &[u8]) -> String {
     String::from_utf8_lossy(&bytes[..len]).into_owned()
 }
 
-fn stack(key: &SampleKey, raw: &RawInterval, procs: &mut ProcessTable) -> Vec<Site> {
+fn stack(key: &SampleKey, raw: &RawInterval, procs: &mut ProcessTable, pythons: &mut Pythons) -> Vec<Site> {
     let mut sites = Vec::new();
     push_stack(&mut sites, raw, key.stack_set, key.kernel_stack_id, false, |addr| Site::Kernel(addr));
+    let user = sites.len();
     push_stack(&mut sites, raw, key.stack_set, key.user_stack_id, true, |addr| Site::User(procs.resolve(key.tgid, key.process_tag, addr)));
+    let python = u32::try_from(key.user_stack_id).ok().and_then(|id| raw.stacks.get(&(true, key.stack_set, id))?.python.as_ref());
+    if let Some((frames, stop)) = python {
+        let native = sites.split_off(user);
+        sites.extend(interleave(native, key.tgid, frames, *stop, pythons));
+    }
     if sites.is_empty() {
         sites.push(Site::Marker(Marker::NoStack));
     }
+    sites
+}
+
+/// The user stack with its Python frames: each run of the evaluation loop (innermost first)
+/// in place of its native frame. Runs beyond the native frames found (a native walk cut
+/// short) go below them, before the markers at the root.
+fn interleave(mut native: Vec<Site>, tgid: u32, python: &[u64], stop: u32, pythons: &mut Pythons) -> Vec<Site> {
+    let mut runs = vec![Vec::new()];
+    for &word in python {
+        let (frame, last_of_run) = pythons.frame(tgid, word);
+        runs.last_mut().expect("one run at least").push(Site::Python(frame));
+        if last_of_run {
+            runs.push(Vec::new());
+        }
+    }
+    let mut runs = runs.into_iter().filter(|run| !run.is_empty());
+    let frames = native.len() - native.iter().rev().take_while(|site| matches!(site, Site::Marker(_))).count();
+    let root_markers = native.split_off(frames);
+    let mut sites = Vec::with_capacity(native.len() + python.len() + root_markers.len() + 1);
+    for site in native {
+        let evaluates = matches!(&site, Site::User(UserAddress::File { binary, file_offset }) if pythons.evaluates(tgid, binary.id, *file_offset));
+        match if evaluates { runs.next() } else { None } {
+            Some(run) => sites.extend(run),
+            None => sites.push(site),
+        }
+    }
+    sites.extend(runs.flatten());
+    if stop != python_stop::END {
+        sites.push(Site::Marker(Marker::PythonTruncated(stop)));
+    }
+    sites.extend(root_markers);
     sites
 }
 

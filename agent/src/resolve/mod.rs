@@ -11,6 +11,7 @@ mod perf_map;
 pub mod pods;
 mod proc_dir;
 mod procs;
+mod python;
 pub mod relabel;
 mod targets;
 mod untrusted;
@@ -25,6 +26,7 @@ pub use binary::{Binary, BinaryOpened};
 pub use cgroups::cgroup_id;
 pub use interval::{ResolvedInterval, ResolvedSample, Site};
 pub use procs::UserAddress;
+pub use python::PythonFrame;
 pub use targets::Targets;
 #[cfg(fuzzing)]
 pub use {maps_line::MapsLine, targets::from_cgroup_path};
@@ -37,12 +39,14 @@ use crate::{
 use interval::{resolve, DropReasons};
 use life::Life;
 use procs::ProcessTable;
+use python::Pythons;
 
 pub struct Resolver {
     sampler: Sampler,
     announcements: Announcements,
     processes: ProcessTable,
     unwinder: Unwinder,
+    pythons: Pythons,
     targets: Targets,
     drop_reasons: DropReasons,
     /// Capacities of the counts and stacks maps, for the fill metrics.
@@ -65,6 +69,7 @@ impl Resolver {
             announcements,
             processes: ProcessTable::new(opened),
             unwinder: Unwinder::new(unwind_maps),
+            pythons: Pythons::default(),
             targets,
             drop_reasons,
             capacity: (settings.max_keys, settings.max_stacks),
@@ -112,11 +117,16 @@ impl Resolver {
         self.load_unwind_tables();
     }
 
-    /// Loads the unwind tables and mappings of processes captured since the last call.
+    /// Loads the unwind tables and mappings of processes captured since the last call, and
+    /// tells the walk of their interpreters.
     fn load_unwind_tables(&mut self) {
         for (tgid, files) in self.processes.take_captured() {
             if let Err(e) = self.unwinder.load_process(tgid, &files) {
                 tracing::warn!(tgid, "user stacks of this process are walked by frame pointers only: {e:#}");
+            }
+            let python = self.pythons.capture(tgid, &self.processes.interpreter_candidates(tgid));
+            if let Err(e) = self.unwinder.set_python(tgid, python) {
+                tracing::warn!(tgid, "its Python frames are not walked: {e:#}");
             }
         }
     }
@@ -134,6 +144,7 @@ impl Resolver {
     /// Ends the current interval: drains the kernel's buffers and resolves the samples.
     pub fn drain(&mut self) -> Result<ResolvedInterval> {
         untrusted::new_interval();
+        self.pythons.new_interval();
         self.capture_announced();
         let raw = self.sampler.drain()?;
         let user_stacks = raw.stacks.keys().filter(|(user, _, _)| *user).count();
@@ -147,12 +158,13 @@ impl Resolver {
             metrics::set("ember_map_capacity", &[("map", map)], capacity as f64);
             metrics::set("ember_map_fill_ratio", &[("map", map)], entries as f64 / f64::from(capacity.max(1)));
         }
-        let mut interval = resolve(raw, &mut self.processes, &mut self.targets, &self.drop_reasons);
+        let mut interval = resolve(raw, &mut self.processes, &mut self.pythons, &mut self.targets, &self.drop_reasons);
         interval.processes_unread = self.processes.take_unread();
         // Resolving re-reads processes that mapped new code since their capture.
         self.load_unwind_tables();
         for tgid in self.processes.sweep() {
             self.unwinder.forget_process(tgid);
+            self.pythons.forget(tgid);
         }
         let live = self.processes.live_tables();
         let readmitted = self.unwinder.retain(|key| live.contains(key));

@@ -313,6 +313,19 @@ impl ProcessTable {
         Ok(binary)
     }
 
+    /// The files of a process (its latest life) that may hold a CPython interpreter, by
+    /// name: each, where it is mapped, and from which file offset.
+    pub fn interpreter_candidates(&self, tgid: u32) -> Vec<(Arc<Binary>, u64, u64)> {
+        let Some(process) = self.processes.get(&tgid) else { return Vec::new() };
+        let candidates = process.mappings.iter().filter_map(|m| match &m.target {
+            MappingTarget::File(binary) if binary.name().starts_with("python") || binary.name().starts_with("libpython") => {
+                Some((binary.clone(), m.start, m.file_offset))
+            }
+            _ => None,
+        });
+        candidates.collect()
+    }
+
     /// How many processes exited before their mappings could be read, since the last call.
     pub fn take_unread(&mut self) -> u64 {
         std::mem::take(&mut self.unread).len() as u64

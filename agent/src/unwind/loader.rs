@@ -12,7 +12,7 @@
 //! processes taking turns on a CPU then find each other's rows.
 use std::{collections::HashMap, path::PathBuf, sync::Arc, time::Instant};
 
-use agent_common::{ExecMapping, ProcessMappings, MAX_MAPPINGS};
+use agent_common::{ExecMapping, ProcessMappings, PythonProcess, MAX_MAPPINGS};
 use anyhow::{Context as _, Result};
 
 use super::{
@@ -119,6 +119,11 @@ impl Unwinder {
             self.release(&old);
         }
         Ok(())
+    }
+
+    /// Tells the walk of a process's interpreter (None: it runs none).
+    pub fn set_python(&mut self, tgid: u32, python: Option<PythonProcess>) -> Result<()> {
+        self.maps.set_python(tgid, python)
     }
 
     pub fn forget_process(&mut self, tgid: u32) {

@@ -1,0 +1,259 @@
+//! The Python walk: the frames of the CPython interpreter the sampled thread runs, read from
+//! its memory (its thread state, then frame by frame to the first), each recorded as its
+//! code object and position. Userspace names them, and puts each run of the evaluation loop
+//! where its native `_PyEval_EvalFrameDefault` frame is.
+use core::ffi::c_void;
+
+use agent_common::{
+    entry_kind, position_kind, python_frame, python_stop, PythonLayout, PythonProcess, UserStack, MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS,
+    MAX_USER_FRAMES,
+};
+use aya_ebpf::{
+    helpers::{
+        bpf_probe_read_user,
+        generated::{bpf_loop, bpf_probe_read_user as bpf_probe_read_user_raw},
+    },
+    macros::map,
+    maps::{HashMap, LruHashMap, PerCpuArray},
+};
+
+use crate::{hash::mix, task::current_thread_pointer};
+
+/// Per tgid, its interpreter (written by userspace when it finds CPython in the process).
+#[map]
+static PYTHON_PROCESSES: HashMap<u32, PythonProcess> = HashMap::with_max_entries(4096, 0);
+/// Per thread (pid), its thread state as last found: checked before use (the state may be
+/// freed and its memory another thread's), searched for again if it no longer holds.
+#[map]
+static PYTHON_THREADS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(16384, 0);
+/// This CPU's Python walk (kept off the BPF stack, which the native walk's callers fill).
+#[map]
+static PYTHON_WALK: PerCpuArray<Walk> = PerCpuArray::with_max_entries(1, 0);
+
+/// Bytes of a frame read at once: every field the walk reads lies in them, in every version
+/// (the farthest: 3.6's `f_lasti`, at 120).
+const FRAME_BYTES: usize = 128;
+
+/// A Python walk's result: frames recorded, and why it ended.
+pub struct PythonWalked {
+    pub frames: u32,
+    pub stop: u32,
+}
+
+/// Walks the Python frames of the current thread (of process `tgid`, thread `pid`) into the
+/// end of `stack.frames`, mixing each into the walk's `hash` and `check`, or returns None if
+/// the process runs no interpreter userspace told of.
+#[inline(always)]
+pub fn walk(tgid: u32, pid: u32, stack: *mut UserStack, hash: &mut u64, check: &mut u64) -> Option<PythonWalked> {
+    let process = PYTHON_PROCESSES.get_ptr(&tgid)?;
+    let state = PYTHON_WALK.get_ptr_mut(0)?;
+    let walk = unsafe { &mut *state };
+    // Word by word: a plain copy is a call to a byte loop the verifier cannot bound.
+    unsafe {
+        let (from, to) = (&(*process).layout as *const PythonLayout as *const u64, &mut walk.layout as *mut PythonLayout as *mut u64);
+        for word in 0..size_of::<PythonLayout>() / 8 {
+            *to.add(word) = core::ptr::read_volatile(from.add(word));
+        }
+    }
+    (walk.count, walk.stop, walk.hash, walk.check) = (0, python_stop::DEPTH, *hash, *check);
+    let Some(tstate) = thread_state(pid, unsafe { (*process).interp_head }, state) else {
+        return Some(PythonWalked { frames: 0, stop: python_stop::NO_THREAD });
+    };
+    let layout = walk.layout;
+    let first = read(tstate + layout.tstate_frame as u64).and_then(|frame| match layout.cframe_frame {
+        PythonLayout::ABSENT => Some(frame),
+        cframe_frame if frame != 0 => read(frame + cframe_frame as u64),
+        _ => Some(0),
+    });
+    let Some(frame) = first else { return Some(PythonWalked { frames: 0, stop: python_stop::READ_FAULT }) };
+    walk.frame = frame;
+    let mut context = Context { walk: state, stack };
+    unsafe { bpf_loop(MAX_PYTHON_FRAMES, step as *mut c_void, &mut context as *mut Context as *mut c_void, 0) };
+    let walk = unsafe { &mut *state };
+    walk.mix_last(stack);
+    (*hash, *check) = (walk.hash, walk.check);
+    Some(PythonWalked { frames: walk.count, stop: walk.stop })
+}
+
+/// What the steps of a walk or a search are handed (on the BPF stack, as `bpf_loop`
+/// requires; pointers cannot be kept in map memory).
+struct Context {
+    walk: *mut Walk,
+    stack: *mut UserStack,
+}
+
+/// The process exited or exec'd: its interpreter is gone.
+#[inline(always)]
+pub fn forget_process(tgid: u32) {
+    let _ = PYTHON_PROCESSES.remove(&tgid);
+}
+
+#[inline(always)]
+fn read(addr: u64) -> Option<u64> {
+    unsafe { bpf_probe_read_user(addr as *const u64) }.ok()
+}
+
+/// The current thread's `PyThreadState`: the one kept for it if it still holds, else the one
+/// among its interpreter's threads whose thread id is this thread's pointer.
+#[inline(always)]
+fn thread_state(pid: u32, interp_head: u64, state: *mut Walk) -> Option<u64> {
+    let walk = unsafe { &mut *state };
+    let thread = current_thread_pointer();
+    let thread_id = walk.layout.tstate_thread_id as u64;
+    if let Some(&kept) = unsafe { PYTHON_THREADS.get(&pid) } {
+        if read(kept + thread_id) == Some(thread) {
+            return Some(kept);
+        }
+    }
+    let interp = read(interp_head)?;
+    walk.search = ThreadSearch { tstate: read(interp + walk.layout.interp_threads as u64)?, thread, found: 0 };
+    let mut context = Context { walk: state, stack: core::ptr::null_mut() };
+    unsafe { bpf_loop(MAX_PYTHON_THREADS, search_step as *mut c_void, &mut context as *mut Context as *mut c_void, 0) };
+    let found = unsafe { (*state).search.found };
+    if found == 0 {
+        return None;
+    }
+    let _ = PYTHON_THREADS.insert(&pid, &found, 0);
+    Some(found)
+}
+
+/// A search of an interpreter's threads for the one whose thread id is `thread`.
+#[repr(C)]
+struct ThreadSearch {
+    tstate: u64,
+    thread: u64,
+    found: u64,
+}
+
+extern "C" fn search_step(_index: u64, context: *mut c_void) -> i64 {
+    let walk = unsafe { &mut *(*(context as *const Context)).walk };
+    let (next, thread_id) = (walk.layout.tstate_next as u64, walk.layout.tstate_thread_id as u64);
+    let search = &mut walk.search;
+    if search.tstate == 0 {
+        return 1;
+    }
+    if read(search.tstate + thread_id) == Some(search.thread) {
+        search.found = search.tstate;
+        return 1;
+    }
+    match read(search.tstate + next) {
+        Some(next) => {
+            search.tstate = next;
+            0
+        }
+        None => 1,
+    }
+}
+
+#[repr(C)]
+pub struct Walk {
+    layout: PythonLayout,
+    /// The frame to read next (0: none).
+    frame: u64,
+    count: u32,
+    stop: u32,
+    hash: u64,
+    check: u64,
+    search: ThreadSearch,
+    /// A copy of the frame being read.
+    copy: [u8; FRAME_BYTES],
+}
+
+impl Walk {
+    /// The `N` bytes at `offset` of the frame copy, or None past its end.
+    #[inline(always)]
+    fn field<const N: usize>(&self, offset: u16) -> Option<[u8; N]> {
+        let offset = offset as usize;
+        if offset > FRAME_BYTES - N {
+            return None;
+        }
+        Some(unsafe { core::ptr::read_unaligned(self.copy.as_ptr().add(offset) as *const [u8; N]) })
+    }
+
+    #[inline(always)]
+    fn word(&self, offset: u16) -> Option<u64> {
+        self.field::<8>(offset).map(u64::from_le_bytes)
+    }
+
+    /// Mixes the last frame recorded into the hashes, once it is final (a shim after it marks
+    /// it as the last of its run).
+    #[inline(always)]
+    fn mix_last(&mut self, stack: *mut UserStack) {
+        let Some(n) = self.count.checked_sub(1) else { return };
+        let Some(word) = slot(stack, n).map(|w| *w) else { return };
+        self.hash = mix(self.hash, word);
+        self.check = mix(self.check.rotate_left(23), word);
+    }
+
+}
+
+/// Slot of the `n`th Python frame in the stack's frames (from the end backwards).
+#[inline(always)]
+fn slot<'s>(stack: *mut UserStack, n: u32) -> Option<&'s mut u64> {
+    if n >= MAX_PYTHON_FRAMES {
+        return None;
+    }
+    // Masked as well, on a value the compiler must load and so cannot know the range of (it
+    // drops a mask it knows to change nothing): the verifier then knows the index's range.
+    const _: () = assert!(MAX_PYTHON_FRAMES.is_power_of_two() && (MAX_PYTHON_FRAMES as usize) < MAX_USER_FRAMES);
+    let n = unsafe { core::ptr::read_volatile(&n) };
+    let index = MAX_USER_FRAMES - 1 - (n & (MAX_PYTHON_FRAMES - 1)) as usize;
+    unsafe { (*stack).frames.get_mut(index) }
+}
+
+/// One Python frame: records it (a shim, only marks the frame before it), then moves to its
+/// caller. Returns 1 to end the walk.
+extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
+    let context = unsafe { &*(context as *const Context) };
+    let walk = unsafe { &mut *context.walk };
+    match record_frame(walk, context.stack) {
+        Ok(()) => 0,
+        Err(stop) => {
+            walk.stop = stop;
+            1
+        }
+    }
+}
+
+#[inline(always)]
+fn record_frame(walk: &mut Walk, stack: *mut UserStack) -> Result<(), u32> {
+    if walk.frame == 0 {
+        return Err(python_stop::END);
+    }
+    if walk.count >= MAX_PYTHON_FRAMES {
+        return Err(python_stop::DEPTH);
+    }
+    let copied = unsafe { bpf_probe_read_user_raw(walk.copy.as_mut_ptr() as *mut c_void, FRAME_BYTES as u32, walk.frame as *const c_void) };
+    if copied != 0 {
+        return Err(python_stop::READ_FAULT);
+    }
+    let layout = walk.layout;
+    let fault = python_stop::READ_FAULT;
+    let back = walk.word(layout.frame_back).ok_or(fault)?;
+    let entry_byte = walk.field::<1>(layout.frame_entry).map_or(0, |b| b[0]);
+    if layout.entry_kind == entry_kind::BEFORE_SHIM && entry_byte == entry_kind::OWNED_BY_CSTACK {
+        if let Some(last) = walk.count.checked_sub(1).and_then(|n| slot(stack, n)) {
+            *last = python_frame::with_entry(*last);
+        }
+        walk.frame = back;
+        return Ok(());
+    }
+    let code = walk.word(layout.frame_code).ok_or(fault)?;
+    let position = if layout.position_kind == position_kind::LASTI {
+        i32::from_le_bytes(walk.field::<4>(layout.frame_position).ok_or(fault)?) as i64
+    } else {
+        let start = code.wrapping_add(layout.code_bytecode as u64);
+        let at = walk.word(layout.frame_position).ok_or(fault)?;
+        if at >= start { ((at - start) / 2) as i64 } else { -1 }
+    };
+    let entry = match layout.entry_kind {
+        entry_kind::EVERY_FRAME => true,
+        entry_kind::FLAG => entry_byte != 0,
+        _ => false,
+    };
+    walk.mix_last(stack);
+    *slot(stack, walk.count).ok_or(python_stop::DEPTH)? = python_frame::encode(code, position, entry);
+    walk.count += 1;
+    walk.frame = back;
+    Ok(())
+}

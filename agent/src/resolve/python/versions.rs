@@ -1,0 +1,55 @@
+//! What the walk needs of each CPython version (3.6 to 3.13): offsets in its structures, and
+//! where its runtime keeps the pointer to the first interpreter. Taken from CPython's headers
+//! and each interpreter's debug info, and checked against the live interpreters.
+use agent_common::{entry_kind, position_kind, PythonLayout};
+
+/// Versions (minor, of 3.x) the walk knows; any other is reported and not walked.
+pub const KNOWN: std::ops::RangeInclusive<u8> = 6..=13;
+
+/// A version's layout, and the offset of the first interpreter's pointer in `_PyRuntime` (3.6
+/// has no runtime: the pointer is the static `interp_head`, offset 0).
+pub fn layout(minor: u8) -> Option<(PythonLayout, u64)> {
+    const ABSENT: u16 = PythonLayout::ABSENT;
+    // Frames to 3.10 (`PyFrameObject`): f_back 24, f_code 32, f_lasti by version.
+    let frame_object = |thread_id, lasti| PythonLayout {
+        interp_threads: 8,
+        tstate_next: 8,
+        tstate_thread_id: thread_id,
+        tstate_frame: 24,
+        cframe_frame: ABSENT,
+        frame_back: 24,
+        frame_code: 32,
+        frame_position: lasti,
+        frame_entry: ABSENT,
+        code_bytecode: 0,
+        position_kind: position_kind::LASTI,
+        entry_kind: entry_kind::EVERY_FRAME,
+        _pad: [0; 2],
+    };
+    // From 3.11 (`_PyInterpreterFrame`): the instruction pointer at 56.
+    let interpreter_frame = |interp_threads, thread_id, tstate_frame, cframe_frame, back, code, entry, entry_kind, bytecode| PythonLayout {
+        interp_threads,
+        tstate_next: 8,
+        tstate_thread_id: thread_id,
+        tstate_frame,
+        cframe_frame,
+        frame_back: back,
+        frame_code: code,
+        frame_position: 56,
+        frame_entry: entry,
+        code_bytecode: bytecode,
+        position_kind: position_kind::INSTRUCTION_POINTER,
+        entry_kind,
+        _pad: [0; 2],
+    };
+    Some(match minor {
+        6 => (frame_object(152, 120), 0),
+        7 => (frame_object(176, 104), 24),
+        8 | 9 => (frame_object(176, 104), 32),
+        10 => (frame_object(176, 96), 32),
+        11 => (interpreter_frame(16, 152, 56, 8, 48, 32, 68, entry_kind::FLAG, 184), 40),
+        12 => (interpreter_frame(72, 136, 56, 0, 8, 0, 70, entry_kind::BEFORE_SHIM, 192), 40),
+        13 => (interpreter_frame(7344, 152, 72, ABSENT, 8, 0, 70, entry_kind::BEFORE_SHIM, 200), 632),
+        _ => return None,
+    })
+}
