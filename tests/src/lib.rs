@@ -591,6 +591,9 @@ pub fn perf_script(data: &Path, header: &str) -> anyhow::Result<Vec<(String, Vec
 pub struct Frame {
     pub function: String,
     pub mapping: String,
+    /// The function's file name, and the line (0: not known).
+    pub file: String,
+    pub line: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -618,7 +621,7 @@ impl Decoded {
         let strings = &profile.string_table;
         assert_eq!(strings.first().map(String::as_str), Some(""), "string_table[0] must be empty");
         let s = |i: i64| strings.get(i as usize).unwrap_or_else(|| panic!("string index {i} out of range")).clone();
-        let functions: HashMap<u64, String> = profile.function.iter().map(|f| (f.id, s(f.name))).collect();
+        let functions: HashMap<u64, (String, String)> = profile.function.iter().map(|f| (f.id, (s(f.name), s(f.filename)))).collect();
         let mappings: HashMap<u64, String> = profile.mapping.iter().map(|m| (m.id, s(m.filename))).collect();
         let locations: HashMap<u64, Vec<Frame>> = profile
             .location
@@ -633,12 +636,9 @@ impl Decoded {
                 let frames = loc
                     .line
                     .iter()
-                    .map(|line| Frame {
-                        function: functions
-                            .get(&line.function_id)
-                            .unwrap_or_else(|| panic!("function {} missing", line.function_id))
-                            .clone(),
-                        mapping: mapping.clone(),
+                    .map(|line| {
+                        let (function, file) = functions.get(&line.function_id).unwrap_or_else(|| panic!("function {} missing", line.function_id));
+                        Frame { function: function.clone(), mapping: mapping.clone(), file: file.clone(), line: line.line }
                     })
                     .collect();
                 (loc.id, frames)

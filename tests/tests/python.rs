@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use ember_tests::{least_privilege_agent, require_root, Agent, Decoded, Fixture, FixtureRun, Sample, TempDir, JIT_FIXTURES};
+use ember_tests::{least_privilege_agent, record_fixtures, require_root, Agent, Decoded, Fixture, FixtureRun, Sample, TempDir, JIT_FIXTURES};
 
 const SECONDS: f64 = 4.0;
 
@@ -81,4 +81,132 @@ fn python_functions_are_walked_in_every_cpython_in_their_split_and_order() {
         assert!((share - truth).abs() <= 0.02, "{}", report.join("\n"));
         assert!(ordered as f64 >= 0.95 * (a + b) as f64, "{}", report.join("\n"));
     }
+}
+
+const SHAPES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/python/shapes.py");
+
+/// Runs `shapes.py MODE` on every interpreter under `ember-agent record ARGS`, and hands each
+/// profile, the fixture's truth and pid to `check`, which says what is wrong, if anything.
+/// Fails with every interpreter's findings at once.
+fn each_interpreter(mode: &str, seconds: f64, args: &[&str], check: impl Fn(&str, &Decoded, &FixtureRun) -> Vec<String>) {
+    require_root();
+    let mut problems = Vec::new();
+    for (name, python) in interpreters() {
+        let dir = TempDir::new(&format!("python-{mode}"));
+        let mut command = Command::new(&python);
+        command.arg(SHAPES);
+        let fixture = Fixture::spawn_with(command, mode, seconds, &[]);
+        let pid = fixture.pid().to_string();
+        let mut all = vec!["--pid", &pid];
+        all.extend(args);
+        let (out, runs) = record_fixtures(&dir, vec![fixture], seconds, &all);
+        let found = check(&name, &Decoded::read(&out), &runs[0]);
+        println!("{name}: {}", if found.is_empty() { "ok".to_string() } else { found.join("; ") });
+        problems.extend(found.into_iter().map(|p| format!("{name}: {p}")));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The innermost Python frame of a sample.
+fn leaf_python(sample: &Sample) -> Option<&ember_tests::Frame> {
+    sample.frames.iter().find(|f| f.mapping == "[python]")
+}
+
+#[test]
+fn python_lines_are_named_in_their_split() {
+    each_interpreter("lines", 4.0, &["-F", "999"], |_, profile, run| {
+        let (line_a, line_b, truth) = (run.lines[0][0] as i64, run.lines[0][1] as i64, run.lines[0][2] as f64 / run.lines[0][3] as f64);
+        let in_function: Vec<&Sample> = profile.samples.iter().filter(|s| leaf_python(s).is_some_and(|f| f.function == "two_lines")).collect();
+        let on_line = |line| Decoded::total(&in_function.iter().copied().filter(|s| leaf_python(s).is_some_and(|f| f.line == line)).collect::<Vec<_>>());
+        let (a, b, all) = (on_line(line_a), on_line(line_b), Decoded::total(&in_function));
+        let share = a as f64 / (a + b).max(1) as f64;
+        let mut problems = Vec::new();
+        if all < 2000 || ((a + b) as f64) < 0.9 * all as f64 {
+            problems.push(format!("of {all} samples in two_lines, {a} on line {line_a} and {b} on line {line_b}"));
+        }
+        if (share - truth).abs() > 0.02 {
+            problems.push(format!("line {line_a} has {share:.3} of the two lines' samples, truth {truth:.3}"));
+        }
+        problems
+    });
+}
+
+#[test]
+fn python_called_from_c_sits_above_the_c_and_its_python_caller() {
+    each_interpreter("callback", 3.0, &["-F", "499"], |_, profile, _| {
+        let position = |s: &Sample, name: &str| s.frames.iter().position(|f| f.function == name && f.mapping == "[python]");
+        let keyed: Vec<&Sample> = profile.samples.iter().filter(|s| position(s, "key").is_some()).collect();
+        let layered = keyed.iter().copied().filter(|s| {
+            let (Some(key), Some(caller)) = (position(s, "key"), position(s, "sort_with_key")) else { return false };
+            key < caller && s.frames[key..caller].iter().any(|f| f.mapping != "[python]")
+        });
+        let (layered, all) = (Decoded::total(&layered.collect::<Vec<_>>()), Decoded::total(&keyed));
+        if all < 200 || (layered as f64) < 0.95 * all as f64 {
+            vec![format!("{layered} of {all} samples in key() have C frames, then sort_with_key() below it")]
+        } else {
+            Vec::new()
+        }
+    });
+}
+
+#[test]
+fn python_threads_each_show_their_own_function() {
+    each_interpreter("threads", 3.0, &["-F", "499"], |_, profile, run| {
+        let mut problems = Vec::new();
+        for (i, line) in run.lines.iter().enumerate() {
+            let thread = profile.samples_labelled("tid", &line[0].to_string());
+            let own = format!("spin_{i}");
+            let spinning: Vec<&Sample> = thread.iter().copied().filter(|s| s.frames.iter().any(|f| f.mapping == "[python]" && f.function.starts_with("spin_"))).collect();
+            let theirs = Decoded::total(&spinning.iter().copied().filter(|s| s.has_function(&own)).collect::<Vec<_>>());
+            let all = Decoded::total(&spinning);
+            if all < 50 || theirs != all {
+                problems.push(format!("thread {} ({own}): {theirs} of {all} samples in a spin_ function are in its own", line[0]));
+            }
+        }
+        problems
+    });
+}
+
+#[test]
+fn python_blocked_time_is_shown_under_its_python_caller() {
+    each_interpreter("block", 3.0, &["--events", "offcpu"], |_, profile, run| {
+        let mut problems = Vec::new();
+        for (line, function) in run.lines.iter().zip(["sleeper", "reader"]) {
+            let (tid, blocked_ns) = (line[0].to_string(), line[1] as f64);
+            let thread = profile.samples_labelled("tid", &tid);
+            let under: Vec<&Sample> = thread.iter().copied().filter(|s| s.frames.iter().any(|f| f.function == function && f.mapping == "[python]")).collect();
+            let off_ns = Decoded::sum(&under, 1) as f64;
+            let error = (off_ns - blocked_ns).abs() / blocked_ns;
+            if error > 0.02 {
+                let mut elsewhere: Vec<(i64, String)> = thread
+                    .iter()
+                    .filter(|s| !under.iter().any(|u| std::ptr::eq(*u, **s)))
+                    .map(|s| (s.values[1], s.frames.iter().map(|f| f.function.as_str()).collect::<Vec<_>>().join(";")))
+                    .collect();
+                elsewhere.sort_by(|a, b| b.0.cmp(&a.0));
+                elsewhere.truncate(3);
+                problems.push(format!(
+                    "{function}: {:.3} s off-CPU under it, {:.3} s blocked; the thread's heaviest other stacks: {elsewhere:?}",
+                    off_ns / 1e9,
+                    blocked_ns / 1e9
+                ));
+            }
+        }
+        problems
+    });
+}
+
+#[test]
+fn python_functions_have_their_qualified_names_from_3_11() {
+    each_interpreter("names", 3.0, &["-F", "499"], |_, profile, _| {
+        let qualified = profile.samples.iter().any(|s| s.frames.iter().any(|f| f.mapping == "[python]" && f.function.contains('.')));
+        let (method, inner) = if qualified { ("Outer.method", "outer.<locals>.inner") } else { ("method", "inner") };
+        let named = |name: &str| Decoded::total(&profile.samples.iter().filter(|s| leaf_python(s).is_some_and(|f| f.function == name)).collect::<Vec<_>>());
+        let (m, i) = (named(method), named(inner));
+        let mut problems = Vec::new();
+        if m < 200 || i < 200 {
+            problems.push(format!("{m} samples in {method}, {i} in {inner}"));
+        }
+        problems
+    });
 }

@@ -51,6 +51,8 @@ struct Process {
     interpreter: Arc<Interpreter>,
     /// The file the interpreter is in (device, inode): its native frames are matched by it.
     file: (u64, u64),
+    /// Where the pointer to its first interpreter is (as the walk was told).
+    interp_head: u64,
     memory: ProcessMemory,
     layout: CodeLayout,
     /// By code object address: what it was when last read, and in which interval.
@@ -63,7 +65,7 @@ impl Pythons {
     /// Looks for CPython in a process's mapped files (`files`: each file, where it is mapped
     /// and from which file offset), and returns what the walk needs, or None.
     pub fn capture(&mut self, tgid: u32, files: &[(Arc<Binary>, u64, u64)]) -> Option<PythonProcess> {
-        self.processes.remove(&tgid);
+        let earlier = self.processes.remove(&tgid);
         for (binary, start, file_offset) in files {
             let Some(minor) = minor_from_name(binary.name()) else { continue };
             let interpreter = match self.interpreters.get(&binary.id) {
@@ -77,17 +79,20 @@ impl Pythons {
             let Some(interpreter) = interpreter else { continue };
             let (Some((layout, _)), Some(code)) = (versions::layout(minor), code_layout(minor)) else { continue };
             let interp_head = interpreter.interp_head_in(*start, *file_offset)?;
-            self.processes.insert(
-                tgid,
-                Process {
-                    interpreter,
-                    file: binary.id,
-                    memory: ProcessMemory::new(tgid as i32),
-                    layout: code,
-                    codes: HashMap::new(),
-                    frames: HashMap::new(),
-                },
-            );
+            // Read again (it mapped something new: a library, or glibc's unwinder as a thread
+            // exits), the same interpreter keeps what was read of its code: once the process
+            // has exited, that is all there is to name its last samples with.
+            let same = earlier.filter(|p| p.file == binary.id && p.interp_head == interp_head);
+            let process = same.unwrap_or_else(|| Process {
+                interpreter,
+                file: binary.id,
+                interp_head,
+                memory: ProcessMemory::new(tgid as i32),
+                layout: code,
+                codes: HashMap::new(),
+                frames: HashMap::new(),
+            });
+            self.processes.insert(tgid, process);
             tracing::debug!(tgid, minor, path = binary.path, "CPython found");
             return Some(PythonProcess { interp_head, layout });
         }
@@ -153,7 +158,10 @@ impl Process {
         let read = read_code(&self.memory, &self.layout, address, None);
         let info = match read {
             Ok(info) => Some(Arc::new(info)),
-            Err(e) if e.gone() => self.codes.get(&address).and_then(|(info, _)| info.clone()),
+            Err(e) if e.gone() => {
+                tracing::debug!(address = format_args!("{address:#x}"), "code object not read again: {e}");
+                self.codes.get(&address).and_then(|(info, _)| info.clone())
+            }
             Err(e) => {
                 tracing::debug!(address = format_args!("{address:#x}"), "code object not named: {e}");
                 metrics::add("ember_python_code_unreadable_total", &[], 1.0);
