@@ -133,6 +133,21 @@ pub fn release(child: &mut Child) {
     child.stdin.take().expect("a held child").write_all(b"go\n").expect("releasing a held child");
 }
 
+/// The host pid of the first child of `parent` once it runs `comm` (a held process execs).
+pub fn child_running(parent: u32, comm: &str) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).unwrap_or_default();
+        if let Some(pid) = children.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()) {
+            if std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm) {
+                return pid;
+            }
+        }
+        assert!(Instant::now() < deadline, "no child of {parent} running {comm} after 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The cgroup2 mount (/sys/fs/cgroup, or /sys/fs/cgroup/unified on hybrid hosts).
 pub fn cgroup2_root() -> PathBuf {
     let mounts = std::fs::read_to_string("/proc/mounts").expect("reading /proc/mounts");

@@ -8,10 +8,10 @@ use std::{
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     process::Command,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use ember_tests::{compile_c, held, least_privilege_agent, python_3_12, release, require_root, JIT_FIXTURES, Agent, Decoded, Fixture, FixtureRun, Sample, TempDir};
+use ember_tests::{child_running, compile_c, held, least_privilege_agent, python_3_12, release, require_root, JIT_FIXTURES, Agent, Decoded, Fixture, FixtureRun, Sample, TempDir};
 
 const SECONDS: f64 = 5.0;
 
@@ -52,21 +52,6 @@ fn check(runtime: &str, samples: &[Sample], run: &FixtureRun, root: impl Fn(&str
     });
     let share = complete as f64 / (a + b) as f64;
     assert!(share >= 0.95, "{runtime}: {share:.3} of the hot samples have hot_*, dispatch and the runtime's entry in order ({complete}/{})", a + b);
-}
-
-/// The host pid of the first child of `parent` once it runs `comm` (a held process execs).
-fn child_running(parent: u32, comm: &str) -> u32 {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).unwrap_or_default();
-        if let Some(pid) = children.split_whitespace().next().and_then(|p| p.parse::<u32>().ok()) {
-            if std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm) {
-                return pid;
-            }
-        }
-        assert!(Instant::now() < deadline, "no child of {parent} running {comm} after 10 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Node in its own pid and mount namespaces, with a private /tmp: its perf map is

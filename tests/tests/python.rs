@@ -4,13 +4,14 @@
 //! no flag, the agent runs as its systemd unit does, and the profile must name the fixture's
 //! Python functions, in their order, in the fixture's split. Needs root.
 use std::{
+    collections::{BTreeSet, HashMap, HashSet},
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     process::Command,
     time::Duration,
 };
 
-use ember_tests::{least_privilege_agent, record_fixtures, require_root, Agent, Decoded, Fixture, FixtureRun, Sample, TempDir, JIT_FIXTURES};
+use ember_tests::{child_running, least_privilege_agent, record_fixtures, require_root, Agent, Decoded, Fixture, FixtureRun, Sample, TempDir, JIT_FIXTURES};
 
 const SECONDS: f64 = 4.0;
 
@@ -33,14 +34,11 @@ fn interpreters() -> Vec<(String, PathBuf)> {
     found
 }
 
-/// Records the fixture (started held) at 999 Hz (about 4,000 samples: the split's sampling
-/// error is then a fifth of the 2 points allowed) with the least-privilege agent.
-fn record(dir: &TempDir, python: &Path) -> (Vec<Sample>, FixtureRun, u32) {
+/// Records `pid` (the fixture's interpreter, waiting for its start) at 999 Hz with the
+/// least-privilege agent, around the fixture's run (about 4,000 samples: the split's sampling
+/// error is then a fifth of the 2 points allowed).
+fn record(dir: &TempDir, mut fixture: Fixture, pid: u32) -> (Vec<Sample>, FixtureRun) {
     std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let mut command = Command::new(python);
-    command.arg(Path::new(JIT_FIXTURES).join("split.py"));
-    let mut fixture = Fixture::spawn_with(command, "split", SECONDS, &[]);
-    let pid = fixture.pid();
     let out = dir.path("p.pb.gz");
     let mut agent_command = least_privilege_agent();
     let duration = format!("{}s", SECONDS + 2.0);
@@ -50,37 +48,81 @@ fn record(dir: &TempDir, python: &Path) -> (Vec<Sample>, FixtureRun, u32) {
     fixture.start();
     let run = fixture.finish();
     agent.wait_success(Duration::from_secs(60));
-    let samples = Decoded::read(&out).samples_of(pid).into_iter().cloned().collect();
-    (samples, run, pid)
+    (Decoded::read(&out).samples_of(pid).into_iter().cloned().collect(), run)
+}
+
+/// What the split fixture must show, whatever the interpreter: its samples with Python
+/// frames, hot_a and hot_b in their split, each under dispatch under <module>. Returns the
+/// findings as one line, and what is wrong, if anything.
+fn split_findings(name: &str, samples: &[Sample], run: &FixtureRun) -> (String, Vec<String>) {
+    let python_frame = |s: &Sample, function: &str| s.frames.iter().position(|f| f.function == function && f.mapping == "[python]");
+    let total = |filter: &dyn Fn(&Sample) -> bool| -> i64 { samples.iter().filter(|s| filter(s)).map(|s| s.values[0]).sum() };
+    let all = total(&|_| true);
+    let with_python = total(&|s| s.frames.iter().any(|f| f.mapping == "[python]"));
+    let (a, b) = (total(&|s| python_frame(s, "hot_a").is_some()), total(&|s| python_frame(s, "hot_b").is_some()));
+    let ordered = total(&|s| {
+        let hot = python_frame(s, "hot_a").or(python_frame(s, "hot_b"));
+        matches!((hot, python_frame(s, "dispatch"), python_frame(s, "<module>")), (Some(h), Some(d), Some(m)) if h < d && d < m)
+    });
+    let truth = run.lines[0][1] as f64 / run.lines[0][0] as f64;
+    let share = a as f64 / (a + b).max(1) as f64;
+    let line = format!("{name}: {all} samples, {with_python} with Python frames, hot_a {a} hot_b {b} ({share:.3}, truth {truth:.3}), {ordered} in order");
+    let mut problems = Vec::new();
+    if all < 2000 || (with_python as f64) < 0.99 * all as f64 {
+        problems.push("too few samples, or too few with Python frames".to_string());
+    }
+    if (share - truth).abs() > 0.02 {
+        problems.push("hot_a's share is not the fixture's".to_string());
+    }
+    if (ordered as f64) < 0.95 * (a + b) as f64 {
+        problems.push("hot_* not under dispatch under <module>".to_string());
+    }
+    (line, problems)
 }
 
 #[test]
 fn python_functions_are_walked_in_every_cpython_in_their_split_and_order() {
     require_root();
-    let mut report = Vec::new();
+    let (mut report, mut problems) = (Vec::new(), Vec::new());
     for (name, python) in interpreters() {
         let dir = TempDir::new("python-walk");
-        let (samples, run, _) = record(&dir, &python);
-        let python_frame = |s: &Sample, function: &str| s.frames.iter().position(|f| f.function == function && f.mapping == "[python]");
-        let total = |filter: &dyn Fn(&Sample) -> bool| -> i64 { samples.iter().filter(|s| filter(s)).map(|s| s.values[0]).sum() };
-        let all = total(&|_| true);
-        let with_python = total(&|s| s.frames.iter().any(|f| f.mapping == "[python]"));
-        let (a, b) = (total(&|s| python_frame(s, "hot_a").is_some()), total(&|s| python_frame(s, "hot_b").is_some()));
-        let ordered = total(&|s| {
-            let hot = python_frame(s, "hot_a").or(python_frame(s, "hot_b"));
-            matches!((hot, python_frame(s, "dispatch"), python_frame(s, "<module>")), (Some(h), Some(d), Some(m)) if h < d && d < m)
-        });
-        let truth = run.lines[0][1] as f64 / run.lines[0][0] as f64;
-        let share = a as f64 / (a + b).max(1) as f64;
-        report.push(format!(
-            "{name}: {all} samples, {with_python} with Python frames, hot_a {a} hot_b {b} ({share:.3}, truth {truth:.3}), {ordered} in order"
-        ));
-        println!("{}", report.last().unwrap());
-        assert!(all >= 2000, "{name}: only {all} samples");
-        assert!(with_python as f64 >= 0.99 * all as f64, "{}", report.join("\n"));
-        assert!((share - truth).abs() <= 0.02, "{}", report.join("\n"));
-        assert!(ordered as f64 >= 0.95 * (a + b) as f64, "{}", report.join("\n"));
+        let mut command = Command::new(&python);
+        command.arg(Path::new(JIT_FIXTURES).join("split.py"));
+        let fixture = Fixture::spawn_with(command, "split", SECONDS, &[]);
+        let pid = fixture.pid();
+        let (samples, run) = record(&dir, fixture, pid);
+        let (line, found) = split_findings(&name, &samples, &run);
+        println!("{line}");
+        problems.extend(found.into_iter().map(|p| format!("{name}: {p}")));
+        report.push(line);
     }
+    assert!(problems.is_empty(), "{}\n{}", problems.join("\n"), report.join("\n"));
+}
+
+/// Debian's python3.11 exec'd by a shell once the agent runs, in a pid and mount namespace of
+/// its own, where its executable is at a path only that namespace has (/mnt/python3.11): the
+/// agent reads it through the process's root, and walks it like any other.
+#[test]
+fn python_execd_in_its_own_namespaces_after_the_agent_started_is_walked() {
+    require_root();
+    let debian = Path::new("/usr/bin/python3.11");
+    assert!(debian.exists(), "no Debian python3.11: run `cargo xtask setup`");
+    let dir = TempDir::new("python-namespaces");
+    let mut command = Command::new("unshare");
+    command
+        .args(["--pid", "--fork", "--mount", "--mount-proc", "--propagation", "private", "sh", "-c"])
+        .arg(concat!(
+            "mount -t tmpfs tmpfs /mnt && touch /mnt/python3.11 && mkdir /mnt/fixtures && ",
+            "mount --bind /usr/bin/python3.11 /mnt/python3.11 && mount --bind \"$FIXTURES\" /mnt/fixtures && ",
+            "read line && exec /mnt/python3.11 /mnt/fixtures/split.py \"$0\" \"$@\" < /dev/null"
+        ))
+        .env("FIXTURES", JIT_FIXTURES);
+    let fixture = Fixture::spawn_with(command, "split", SECONDS, &[]);
+    let shell = child_running(fixture.pid(), "sh");
+    let (samples, run) = record(&dir, fixture, shell);
+    let (line, problems) = split_findings("python3.11 in its own namespaces", &samples, &run);
+    println!("{line}");
+    assert!(problems.is_empty(), "{line}: {}", problems.join("; "));
 }
 
 const SHAPES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/python/shapes.py");
@@ -209,4 +251,74 @@ fn python_functions_have_their_qualified_names_from_3_11() {
         }
         problems
     });
+}
+
+/// py-spy (from PyPI, installed by `cargo xtask setup` beside python3).
+fn py_spy() -> PathBuf {
+    let out = Command::new("python3").args(["-c", "import sysconfig; print(sysconfig.get_path('scripts'))"]).output();
+    let scripts = out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    let path = Path::new(&scripts).join("py-spy");
+    assert!(path.is_file(), "no py-spy beside python3 ({}): run `cargo xtask setup`", path.display());
+    path
+}
+
+/// Samples per Python function, every function on a sample's stack counted once: from py-spy's
+/// raw output ("frame;frame count", each frame "function (file:line)").
+fn py_spy_functions(raw: &str) -> HashMap<String, i64> {
+    let mut functions = HashMap::new();
+    for line in raw.lines() {
+        let Some((stack, count)) = line.rsplit_once(' ') else { continue };
+        let count: i64 = count.parse().expect("py-spy counts");
+        let names: HashSet<&str> = stack.split(';').map(|frame| frame.split(" (").next().unwrap_or(frame)).collect();
+        for name in names {
+            *functions.entry(name.to_string()).or_default() += count;
+        }
+    }
+    functions
+}
+
+/// The same workload profiled by the agent and by py-spy at once, both at 999 Hz for 8 s (the
+/// difference of the two shares then has a sampling error near half a point): the same Python
+/// functions (each with at least 1% of the samples), and hot_a's share of hot_a + hot_b within
+/// 2 points.
+#[test]
+fn python_functions_and_split_match_py_spy() {
+    const SECONDS: f64 = 8.0;
+    require_root();
+    let (name, python) = interpreters().remove(0);
+    let dir = TempDir::new("python-py-spy");
+    let mut command = Command::new(&python);
+    command.arg(Path::new(JIT_FIXTURES).join("split.py"));
+    let fixture = Fixture::spawn_with(command, "split", SECONDS, &[]);
+    let pid = fixture.pid().to_string();
+    let raw = dir.path("py-spy.txt");
+    let spy = Command::new(py_spy())
+        .args(["record", "--format", "raw", "-r", "999", "--nonblocking", "-o", raw.to_str().unwrap(), "--pid", &pid])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting py-spy");
+    let (out, _) = record_fixtures(&dir, vec![fixture], SECONDS, &["-F", "999", "--pid", &pid]);
+    let spied = spy.wait_with_output().expect("py-spy");
+    assert!(spied.status.success(), "py-spy: {}", String::from_utf8_lossy(&spied.stderr));
+    let theirs = py_spy_functions(&std::fs::read_to_string(&raw).expect("py-spy's output"));
+    let profile = Decoded::read(&out);
+    let mut ours: HashMap<String, i64> = HashMap::new();
+    for sample in &profile.samples {
+        let names: HashSet<&str> = sample.frames.iter().filter(|f| f.mapping == "[python]").map(|f| f.function.as_str()).collect();
+        for function in names {
+            *ours.entry(function.to_string()).or_default() += sample.values[0];
+        }
+    }
+    let significant = |functions: &HashMap<String, i64>| -> BTreeSet<String> {
+        let all = functions.values().copied().max().unwrap_or(0);
+        functions.iter().filter(|(_, &n)| n as f64 >= 0.01 * all as f64).map(|(f, _)| f.clone()).collect()
+    };
+    let share = |functions: &HashMap<String, i64>| {
+        let (a, b) = (functions.get("hot_a").copied().unwrap_or(0), functions.get("hot_b").copied().unwrap_or(0));
+        a as f64 / (a + b).max(1) as f64
+    };
+    println!("{name}: ours {ours:?}\npy-spy {theirs:?}");
+    assert_eq!(significant(&ours), significant(&theirs), "{name}: the Python functions differ");
+    assert!((share(&ours) - share(&theirs)).abs() <= 0.02, "{name}: hot_a's share {:.3}, py-spy's {:.3}", share(&ours), share(&theirs));
 }

@@ -24,6 +24,10 @@ fn apt_packages() -> Vec<(&'static str, &'static str)> {
 /// (Python module, PyPI package): the deploy tests validate the Kubernetes manifests with it.
 const PIP_PACKAGES: [(&str, &str); 1] = [("kubernetes_validate", "kubernetes-validate==1.37.0")];
 
+/// (program, PyPI package): py-spy, the peer the Python tests and benchmark compare with. pip
+/// puts it beside python3 (`sysconfig`'s scripts directory), where the tests look for it.
+const PIP_PROGRAMS: [(&str, &str); 1] = [("py-spy", "py-spy==0.4.0")];
+
 /// The web UI's npm packages: "name version integrity" lines (see collector/build.rs).
 const UI_PACKAGES: &str = include_str!("../../collector/ui/vendor.txt");
 
@@ -97,9 +101,12 @@ pub fn setup() -> Result<()> {
         run(Command::new("apt-get").args(["install", "-y", "-qq", "--no-install-recommends"]).args(&missing).env("DEBIAN_FRONTEND", "noninteractive"))?;
     }
 
-    for (module, package) in PIP_PACKAGES {
-        if output("python3", &["-c", &format!("import {module}")]).is_some() {
-            println!("setup: ok    {module}");
+    let scripts = output("python3", &["-c", "import sysconfig; print(sysconfig.get_path('scripts'))"]).unwrap_or_default();
+    let pip = PIP_PACKAGES.iter().map(|&(module, package)| (module, package, output("python3", &["-c", &format!("import {module}")]).is_some()));
+    let programs = PIP_PROGRAMS.iter().map(|&(program, package)| (program, package, Path::new(scripts.trim()).join(program).is_file()));
+    for (name, package, present) in pip.chain(programs) {
+        if present {
+            println!("setup: ok    {name}");
         } else {
             println!("setup: installing {package} (pip)");
             run(Command::new("python3").args(["-m", "pip", "install", "--quiet", package]))?;
