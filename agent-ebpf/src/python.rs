@@ -10,7 +10,7 @@ use agent_common::{
 };
 use aya_ebpf::{
     helpers::{
-        bpf_probe_read_user,
+        bpf_get_current_pid_tgid, bpf_probe_read_user,
         generated::{bpf_loop, bpf_probe_read_user as bpf_probe_read_user_raw},
     },
     macros::map,
@@ -40,12 +40,13 @@ pub struct PythonWalked {
     pub stop: u32,
 }
 
-/// Walks the Python frames of the current thread (of process `tgid`, thread `pid`) into the
-/// end of `stack.frames`, mixing each into the walk's `hash` and `check`, or returns None if
-/// the process runs no interpreter userspace told of.
+/// Walks the Python frames of the current thread (of process `tgid`) into the end of
+/// `stack.frames`, mixing each into the walk's `hash` and `check`, or returns None if the
+/// process runs no interpreter userspace told of.
 #[inline(always)]
-pub fn walk(tgid: u32, pid: u32, stack: *mut UserStack, hash: &mut u64, check: &mut u64) -> Option<PythonWalked> {
+pub fn walk(tgid: u32, stack: *mut UserStack, hash: &mut u64, check: &mut u64) -> Option<PythonWalked> {
     let process = PYTHON_PROCESSES.get_ptr(&tgid)?;
+    let pid = bpf_get_current_pid_tgid() as u32;
     let state = PYTHON_WALK.get_ptr_mut(0)?;
     let walk = unsafe { &mut *state };
     // Word by word: a plain copy is a call to a byte loop the verifier cannot bound.
@@ -184,7 +185,6 @@ impl Walk {
         self.hash = mix(self.hash, word);
         self.check = mix(self.check.rotate_left(23), word);
     }
-
 }
 
 /// Slot of the `n`th Python frame in the stack's frames (from the end backwards).

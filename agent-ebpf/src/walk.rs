@@ -12,7 +12,7 @@ use agent_common::{
 use aya_ebpf::{
     bindings::{pt_regs, BPF_F_MMAPABLE},
     helpers::{
-        bpf_get_current_pid_tgid, bpf_probe_read_user,
+        bpf_probe_read_user,
         generated::{bpf_get_current_task_btf, bpf_loop, bpf_probe_read_user as bpf_probe_read_user_raw, bpf_task_pt_regs},
     },
     macros::map,
@@ -216,8 +216,7 @@ pub fn walk(set: &BufferSet, tgid: u32, tag: u16, regs: Option<&pt_regs>) -> Res
     let (mut hash, mut check) = (0xcbf2_9ce4_8422_2325, 0x9e37_79b9_7f4a_7c15);
     // Python frames first, from the end of the frames: the native walk then stops short of
     // them. (Each is one word where a deep native stack would have had a frame.)
-    let pid = bpf_get_current_pid_tgid() as u32;
-    let python = python::walk(tgid, pid, stack, &mut hash, &mut check);
+    let python = python::walk(tgid, stack, &mut hash, &mut check);
     let python_frames = python.as_ref().map_or(0, |p| p.frames);
     unsafe {
         (*stack).python = python_frames;

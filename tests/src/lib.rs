@@ -579,6 +579,23 @@ pub fn record_fixtures(dir: &TempDir, fixtures: Vec<Fixture>, seconds: f64, args
     (out, runs)
 }
 
+/// Records `pid` (a runtime waiting in `fixture` for its start) at `hz` with the agent as its
+/// systemd unit runs it (least privilege), around the fixture's run of `seconds`: the
+/// process's samples, and what the fixture printed.
+pub fn record_least_privileged(dir: &TempDir, mut fixture: Fixture, pid: u32, seconds: f64, hz: u32) -> (Vec<Sample>, FixtureRun) {
+    std::fs::set_permissions(&dir.0, std::os::unix::fs::PermissionsExt::from_mode(0o777)).expect("opening the temp dir to the agent's user");
+    let out = dir.path("p.pb.gz");
+    let mut command = least_privilege_agent();
+    let duration = format!("{}s", seconds + 2.0);
+    command.args(["record", "-F", &hz.to_string(), "-d", &duration, "-o", out.to_str().expect("UTF-8 temp path"), "--pid", &pid.to_string()]);
+    let mut agent = Agent::spawn_command(command);
+    agent.wait_ready();
+    fixture.start();
+    let run = fixture.finish();
+    agent.wait_success(Duration::from_secs(60));
+    (Decoded::read(&out).samples_of(pid).into_iter().cloned().collect(), run)
+}
+
 /// The file of one kind of a multi-kind recording ("p.pb.gz" -> "p-offcpu.pb.gz").
 pub fn kind_path(path: &Path, kind: &str) -> PathBuf {
     let name = path.file_name().unwrap().to_string_lossy().replacen('.', &format!("-{kind}."), 1);

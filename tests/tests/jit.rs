@@ -11,26 +11,14 @@ use std::{
     time::Duration,
 };
 
-use ember_tests::{child_running, compile_c, held, least_privilege_agent, python_3_12, release, require_root, JIT_FIXTURES, Agent, Decoded, Fixture, FixtureRun, Sample, TempDir};
+use ember_tests::{child_running, compile_c, held, python_3_12, record_least_privileged, release, require_root, JIT_FIXTURES, Agent, Decoded, Fixture, FixtureRun, Sample, TempDir};
 
 const SECONDS: f64 = 5.0;
 
 /// Records `pid` (the runtime, started held in `fixture`) at 499 Hz with the least-privilege
 /// agent, around the fixture's run.
-fn record(dir: &TempDir, mut fixture: Fixture, pid: u32) -> (Vec<Sample>, FixtureRun) {
-    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let out = dir.path("p.pb.gz");
-    let mut command = least_privilege_agent();
-    let duration = format!("{}s", SECONDS + 2.0);
-    command.args(["record", "-F", "499", "-d", &duration, "-o", out.to_str().unwrap(), "--pid", &pid.to_string()]);
-    let mut agent = Agent::spawn_command(command);
-    agent.wait_ready();
-    fixture.start();
-    let run = fixture.finish();
-    agent.wait_success(Duration::from_secs(60));
-    let profile = Decoded::read(&out);
-    let samples = profile.samples_of(pid).into_iter().cloned().collect();
-    (samples, run)
+fn record(dir: &TempDir, fixture: Fixture, pid: u32) -> (Vec<Sample>, FixtureRun) {
+    record_least_privileged(dir, fixture, pid, SECONDS, 499)
 }
 
 /// Checks what every runtime must show: `hot_a` and `hot_b` named as JIT frames, in the

@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use ember_tests::{child_running, least_privilege_agent, record_fixtures, require_root, Agent, Decoded, Fixture, FixtureRun, Sample, TempDir, JIT_FIXTURES};
+use ember_tests::{child_running, record_fixtures, record_least_privileged, require_root, Decoded, Fixture, FixtureRun, Sample, TempDir, JIT_FIXTURES};
 
 const SECONDS: f64 = 4.0;
 
@@ -37,18 +37,8 @@ fn interpreters() -> Vec<(String, PathBuf)> {
 /// Records `pid` (the fixture's interpreter, waiting for its start) at 999 Hz with the
 /// least-privilege agent, around the fixture's run (about 4,000 samples: the split's sampling
 /// error is then a fifth of the 2 points allowed).
-fn record(dir: &TempDir, mut fixture: Fixture, pid: u32) -> (Vec<Sample>, FixtureRun) {
-    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let out = dir.path("p.pb.gz");
-    let mut agent_command = least_privilege_agent();
-    let duration = format!("{}s", SECONDS + 2.0);
-    agent_command.args(["record", "-F", "999", "-d", &duration, "-o", out.to_str().unwrap(), "--pid", &pid.to_string()]);
-    let mut agent = Agent::spawn_command(agent_command);
-    agent.wait_ready();
-    fixture.start();
-    let run = fixture.finish();
-    agent.wait_success(Duration::from_secs(60));
-    (Decoded::read(&out).samples_of(pid).into_iter().cloned().collect(), run)
+fn record(dir: &TempDir, fixture: Fixture, pid: u32) -> (Vec<Sample>, FixtureRun) {
+    record_least_privileged(dir, fixture, pid, SECONDS, 999)
 }
 
 /// What the split fixture must show, whatever the interpreter: its samples with Python

@@ -71,7 +71,6 @@ impl UnwindMaps {
     /// Forgets a process (the kernel also does when it exits; a miss is fine).
     pub fn remove_process(&mut self, tgid: u32) {
         let _ = self.processes.remove(&tgid);
-        let _ = self.pythons.remove(&tgid);
     }
 
     /// Tells the walk of a process's interpreter (None: it runs none).

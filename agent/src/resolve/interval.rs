@@ -12,7 +12,7 @@ use super::{
     targets::Targets,
 };
 use crate::{
-    kernel::{Counters, Overhead, RawInterval, SamplingRates},
+    kernel::{Counters, Overhead, RawInterval, SamplingRates, Stack},
     ops::losses::Losses,
 };
 
@@ -192,9 +192,8 @@ fn stack(key: &SampleKey, raw: &RawInterval, procs: &mut ProcessTable, pythons: 
     let mut sites = Vec::new();
     push_stack(&mut sites, raw, key.stack_set, key.kernel_stack_id, false, |addr| Site::Kernel(addr));
     let user = sites.len();
-    push_stack(&mut sites, raw, key.stack_set, key.user_stack_id, true, |addr| Site::User(procs.resolve(key.tgid, key.process_tag, addr)));
-    let python = u32::try_from(key.user_stack_id).ok().and_then(|id| raw.stacks.get(&(true, key.stack_set, id))?.python.as_ref());
-    if let Some((frames, stop)) = python {
+    let user_stack = push_stack(&mut sites, raw, key.stack_set, key.user_stack_id, true, |addr| Site::User(procs.resolve(key.tgid, key.process_tag, addr)));
+    if let Some((frames, stop)) = user_stack.and_then(|stack| stack.python.as_ref()) {
         let native = sites.split_off(user);
         sites.extend(interleave(native, key.tgid, frames, *stop, pythons));
     }
@@ -235,13 +234,12 @@ fn interleave(mut native: Vec<Site>, tgid: u32, python: &[u64], stop: u32, pytho
     sites
 }
 
-fn push_stack(sites: &mut Vec<Site>, raw: &RawInterval, set: u8, id: i32, user: bool, mut site: impl FnMut(u64) -> Site) {
-    match id {
-        stack_status::NONE => {}
-        stack_status::COLLISION => {
-            sites.push(Site::Marker(if user { Marker::UserCollision } else { Marker::KernelCollision }))
-        }
-        id if id < 0 => sites.push(Site::Marker(if user { Marker::UserError } else { Marker::KernelError })),
+/// Pushes the sites of one stack (or the marker of why it is missing), and returns the stack.
+fn push_stack<'r>(sites: &mut Vec<Site>, raw: &'r RawInterval, set: u8, id: i32, user: bool, mut site: impl FnMut(u64) -> Site) -> Option<&'r Stack> {
+    let marker = match id {
+        stack_status::NONE => return None,
+        stack_status::COLLISION => if user { Marker::UserCollision } else { Marker::KernelCollision },
+        id if id < 0 => if user { Marker::UserError } else { Marker::KernelError },
         id => match raw.stacks.get(&(user, set, id as u32)) {
             Some(stack) => {
                 // Frames above the leaf are return addresses: step back into the call
@@ -255,8 +253,11 @@ fn push_stack(sites: &mut Vec<Site>, raw: &RawInterval, set: u8, id: i32, user: 
                 if stack.stop & unwind_stop::FRAME_POINTERS_ONLY != 0 {
                     sites.push(Site::Marker(Marker::FramePointersOnly));
                 }
+                return Some(stack);
             }
-            None => sites.push(Site::Marker(Marker::StackMissing)),
+            None => Marker::StackMissing,
         },
-    }
+    };
+    sites.push(Site::Marker(marker));
+    None
 }

@@ -124,9 +124,13 @@ impl Resolver {
             if let Err(e) = self.unwinder.load_process(tgid, &files) {
                 tracing::warn!(tgid, "user stacks of this process are walked by frame pointers only: {e:#}");
             }
+            // The walk's map is written only where it changes: not a syscall per process.
+            let ran_python = self.pythons.runs_python(tgid);
             let python = self.pythons.capture(tgid, &self.processes.interpreter_candidates(tgid));
-            if let Err(e) = self.unwinder.set_python(tgid, python) {
-                tracing::warn!(tgid, "its Python frames are not walked: {e:#}");
+            if python.is_some() || ran_python {
+                if let Err(e) = self.unwinder.set_python(tgid, python) {
+                    tracing::warn!(tgid, "its Python frames are not walked: {e:#}");
+                }
             }
         }
     }
@@ -164,7 +168,9 @@ impl Resolver {
         self.load_unwind_tables();
         for tgid in self.processes.sweep() {
             self.unwinder.forget_process(tgid);
-            self.pythons.forget(tgid);
+            if self.pythons.forget(tgid) {
+                let _ = self.unwinder.set_python(tgid, None);
+            }
         }
         let live = self.processes.live_tables();
         let readmitted = self.unwinder.retain(|key| live.contains(key));

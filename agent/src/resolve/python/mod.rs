@@ -99,8 +99,14 @@ impl Pythons {
         None
     }
 
-    pub fn forget(&mut self, tgid: u32) {
-        self.processes.remove(&tgid);
+    /// Whether the walk was told of an interpreter in the process.
+    pub fn runs_python(&self, tgid: u32) -> bool {
+        self.processes.contains_key(&tgid)
+    }
+
+    /// Forgets a process; whether it ran an interpreter (the walk was told of).
+    pub fn forget(&mut self, tgid: u32) -> bool {
+        self.processes.remove(&tgid).is_some()
     }
 
     pub fn new_interval(&mut self) {
