@@ -16,6 +16,7 @@ pub mod bigdebug;
 pub mod browser;
 pub mod kube_api;
 pub mod nofp;
+pub mod python;
 pub mod soak;
 pub mod transport;
 pub mod usage;

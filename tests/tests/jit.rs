@@ -5,7 +5,6 @@
 //! a pid's two lives, each writing the perf map. Needs root; fails loudly without it.
 use std::{
     collections::HashMap,
-    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     process::Command,
     time::Duration,

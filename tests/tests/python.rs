@@ -5,34 +5,17 @@
 //! Python functions, in their order, in the fixture's split. Needs root.
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
-    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     process::Command,
-    time::Duration,
 };
 
-use ember_tests::{child_running, record_fixtures, record_least_privileged, require_root, Decoded, Fixture, FixtureRun, Sample, TempDir, JIT_FIXTURES};
+use ember_tests::{
+    child_running,
+    python::{interpreters, py_spy, py_spy_functions},
+    kind_path, record_fixtures, record_least_privileged, require_root, Decoded, Fixture, FixtureRun, Sample, TempDir, JIT_FIXTURES,
+};
 
 const SECONDS: f64 = 4.0;
-
-/// Debian's python3 and every pyenv CPython 3.x: (name, path). Fails if there is none.
-fn interpreters() -> Vec<(String, PathBuf)> {
-    let mut found = Vec::new();
-    if Path::new("/usr/bin/python3").exists() {
-        found.push(("debian python3".to_string(), PathBuf::from("/usr/bin/python3")));
-    }
-    let pyenv = std::env::var("HOME").map(|h| PathBuf::from(h).join(".pyenv/versions")).unwrap_or_default();
-    let mut versions: Vec<PathBuf> = std::fs::read_dir(&pyenv).into_iter().flatten().flatten().map(|e| e.path()).collect();
-    versions.sort();
-    for version in versions {
-        let name = version.file_name().unwrap().to_string_lossy().to_string();
-        if name.starts_with("3.") && version.join("bin/python3").exists() {
-            found.push((format!("pyenv {name}"), version.join("bin/python3")));
-        }
-    }
-    assert!(!found.is_empty(), "no CPython: install Debian's python3 (cargo xtask setup) or pyenv versions under ~/.pyenv/versions");
-    found
-}
 
 /// Records `pid` (the fixture's interpreter, waiting for its start) at 999 Hz with the
 /// least-privilege agent, around the fixture's run (about 4,000 samples: the split's sampling
@@ -118,12 +101,18 @@ fn python_execd_in_its_own_namespaces_after_the_agent_started_is_walked() {
 const SHAPES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/python/shapes.py");
 
 /// Runs `shapes.py MODE` on every interpreter under `ember-agent record ARGS`, and hands each
-/// profile, the fixture's truth and pid to `check`, which says what is wrong, if anything.
-/// Fails with every interpreter's findings at once.
-fn each_interpreter(mode: &str, seconds: f64, args: &[&str], check: impl Fn(&str, &Decoded, &FixtureRun) -> Vec<String>) {
+/// recording (the path of its profile; `kind_path` for each kind of several), the fixture's
+/// truth and pid to `check`, which says what is wrong, if anything. Fails with every
+/// interpreter's findings at once.
+fn each_interpreter(mode: &str, seconds: f64, args: &[&str], check: impl Fn(&str, &Path, &FixtureRun) -> Vec<String>) {
+    on_interpreters(interpreters(), mode, seconds, args, check)
+}
+
+/// `each_interpreter` on the given interpreters.
+fn on_interpreters(interpreters: Vec<(String, PathBuf)>, mode: &str, seconds: f64, args: &[&str], check: impl Fn(&str, &Path, &FixtureRun) -> Vec<String>) {
     require_root();
     let mut problems = Vec::new();
-    for (name, python) in interpreters() {
+    for (name, python) in interpreters {
         let dir = TempDir::new(&format!("python-{mode}"));
         let mut command = Command::new(&python);
         command.arg(SHAPES);
@@ -132,7 +121,7 @@ fn each_interpreter(mode: &str, seconds: f64, args: &[&str], check: impl Fn(&str
         let mut all = vec!["--pid", &pid];
         all.extend(args);
         let (out, runs) = record_fixtures(&dir, vec![fixture], seconds, &all);
-        let found = check(&name, &Decoded::read(&out), &runs[0]);
+        let found = check(&name, &out, &runs[0]);
         println!("{name}: {}", if found.is_empty() { "ok".to_string() } else { found.join("; ") });
         problems.extend(found.into_iter().map(|p| format!("{name}: {p}")));
     }
@@ -146,7 +135,8 @@ fn leaf_python(sample: &Sample) -> Option<&ember_tests::Frame> {
 
 #[test]
 fn python_lines_are_named_in_their_split() {
-    each_interpreter("lines", 4.0, &["-F", "999"], |_, profile, run| {
+    each_interpreter("lines", 4.0, &["-F", "999"], |_, out, run| {
+        let profile = &Decoded::read(out);
         let (line_a, line_b, truth) = (run.lines[0][0] as i64, run.lines[0][1] as i64, run.lines[0][2] as f64 / run.lines[0][3] as f64);
         let in_function: Vec<&Sample> = profile.samples.iter().filter(|s| leaf_python(s).is_some_and(|f| f.function == "two_lines")).collect();
         let on_line = |line| Decoded::total(&in_function.iter().copied().filter(|s| leaf_python(s).is_some_and(|f| f.line == line)).collect::<Vec<_>>());
@@ -165,7 +155,8 @@ fn python_lines_are_named_in_their_split() {
 
 #[test]
 fn python_called_from_c_sits_above_the_c_and_its_python_caller() {
-    each_interpreter("callback", 3.0, &["-F", "499"], |_, profile, _| {
+    each_interpreter("callback", 3.0, &["-F", "499"], |_, out, _| {
+        let profile = &Decoded::read(out);
         let position = |s: &Sample, name: &str| s.frames.iter().position(|f| f.function == name && f.mapping == "[python]");
         let keyed: Vec<&Sample> = profile.samples.iter().filter(|s| position(s, "key").is_some()).collect();
         let layered = keyed.iter().copied().filter(|s| {
@@ -183,7 +174,8 @@ fn python_called_from_c_sits_above_the_c_and_its_python_caller() {
 
 #[test]
 fn python_threads_each_show_their_own_function() {
-    each_interpreter("threads", 3.0, &["-F", "499"], |_, profile, run| {
+    each_interpreter("threads", 3.0, &["-F", "499"], |_, out, run| {
+        let profile = &Decoded::read(out);
         let mut problems = Vec::new();
         for (i, line) in run.lines.iter().enumerate() {
             let thread = profile.samples_labelled("tid", &line[0].to_string());
@@ -199,38 +191,74 @@ fn python_threads_each_show_their_own_function() {
     });
 }
 
+/// A thread blocked in `time.sleep` and one in `socket.recv`: each one's blocked time is under
+/// its Python function, in the off-CPU profile and in the wall-clock one (its time on CPU,
+/// sampled, added to its blocked time).
 #[test]
 fn python_blocked_time_is_shown_under_its_python_caller() {
-    each_interpreter("block", 3.0, &["--events", "offcpu"], |_, profile, run| {
+    each_interpreter("block", 3.0, &["--events", "cpu,offcpu"], |_, out, run| {
         let mut problems = Vec::new();
-        for (line, function) in run.lines.iter().zip(["sleeper", "reader"]) {
-            let (tid, blocked_ns) = (line[0].to_string(), line[1] as f64);
-            let thread = profile.samples_labelled("tid", &tid);
-            let under: Vec<&Sample> = thread.iter().copied().filter(|s| s.frames.iter().any(|f| f.function == function && f.mapping == "[python]")).collect();
-            let off_ns = Decoded::sum(&under, 1) as f64;
-            let error = (off_ns - blocked_ns).abs() / blocked_ns;
-            if error > 0.02 {
-                let mut elsewhere: Vec<(i64, String)> = thread
-                    .iter()
-                    .filter(|s| !under.iter().any(|u| std::ptr::eq(*u, **s)))
-                    .map(|s| (s.values[1], s.frames.iter().map(|f| f.function.as_str()).collect::<Vec<_>>().join(";")))
-                    .collect();
-                elsewhere.sort_by(|a, b| b.0.cmp(&a.0));
-                elsewhere.truncate(3);
-                problems.push(format!(
-                    "{function}: {:.3} s off-CPU under it, {:.3} s blocked; the thread's heaviest other stacks: {elsewhere:?}",
-                    off_ns / 1e9,
-                    blocked_ns / 1e9
-                ));
+        for (kind, nanoseconds) in [("offcpu", 1), ("wall", 0)] {
+            let profile = Decoded::read(&kind_path(out, kind));
+            for (line, function) in run.lines.iter().zip(["sleeper", "reader"]) {
+                let (tid, blocked_ns) = (line[0].to_string(), line[1] as f64);
+                let thread = profile.samples_labelled("tid", &tid);
+                let under: Vec<&Sample> = thread.iter().copied().filter(|s| s.frames.iter().any(|f| f.function == function && f.mapping == "[python]")).collect();
+                let under_ns = Decoded::sum(&under, nanoseconds) as f64;
+                let error = (under_ns - blocked_ns).abs() / blocked_ns;
+                if error > 0.02 {
+                    let mut elsewhere: Vec<(i64, String)> = thread
+                        .iter()
+                        .filter(|s| !under.iter().any(|u| std::ptr::eq(*u, **s)))
+                        .map(|s| (s.values[nanoseconds], s.frames.iter().map(|f| f.function.as_str()).collect::<Vec<_>>().join(";")))
+                        .collect();
+                    elsewhere.sort_by(|a, b| b.0.cmp(&a.0));
+                    elsewhere.truncate(3);
+                    problems.push(format!(
+                        "{kind}: {function}: {:.3} s under it, {:.3} s blocked; the thread's heaviest other stacks: {elsewhere:?}",
+                        under_ns / 1e9,
+                        blocked_ns / 1e9
+                    ));
+                }
             }
         }
         problems
     });
 }
 
+/// 8 MiB sent over TCP on loopback from a Python function: the network profile's transmits of
+/// the process are under it, every byte, on a CPython with frame objects (the oldest here) and
+/// on one with interpreter frames (Debian's). The walk is the one every kind shares: the other
+/// versions are covered by the other kinds.
+#[test]
+fn python_network_stacks_carry_the_sending_function() {
+    let all = interpreters();
+    let oldest_pyenv = all.iter().filter(|(name, _)| name.starts_with("pyenv 3.")).min_by_key(|(name, _)| name.split('.').nth(1).and_then(|m| m.parse::<u32>().ok()));
+    let chosen: Vec<(String, PathBuf)> = all.iter().take(1).chain(oldest_pyenv).cloned().collect();
+    let args = ["--events", "net", "--net-events", "net:net_dev_queue"];
+    on_interpreters(chosen, "send", 3.0, &args, |_, out, run| {
+        let (tid, transmitted) = (run.lines[0][0].to_string(), run.lines[0][2] as i64);
+        let profile = Decoded::read(out);
+        let sent: Vec<&Sample> = profile
+            .samples_labelled("tid", &tid)
+            .into_iter()
+            .filter(|s| s.labels.get("device").is_some_and(|d| d == "lo") && s.frames.iter().any(|f| f.function == "sender" && f.mapping == "[python]"))
+            .collect();
+        // Payload: bytes less each packet's Ethernet, IPv4 and TCP (with timestamps) headers.
+        let payload = Decoded::sum(&sent, 1) - Decoded::sum(&sent, 0) * 66;
+        let error = (payload - transmitted).abs() as f64 / transmitted as f64;
+        if error > 0.02 {
+            vec![format!("{payload} bytes of payload under sender(), {transmitted} transmitted")]
+        } else {
+            Vec::new()
+        }
+    });
+}
+
 #[test]
 fn python_functions_have_their_qualified_names_from_3_11() {
-    each_interpreter("names", 3.0, &["-F", "499"], |_, profile, _| {
+    each_interpreter("names", 3.0, &["-F", "499"], |_, out, _| {
+        let profile = &Decoded::read(out);
         let qualified = profile.samples.iter().any(|s| s.frames.iter().any(|f| f.mapping == "[python]" && f.function.contains('.')));
         let (method, inner) = if qualified { ("Outer.method", "outer.<locals>.inner") } else { ("method", "inner") };
         let named = |name: &str| Decoded::total(&profile.samples.iter().filter(|s| leaf_python(s).is_some_and(|f| f.function == name)).collect::<Vec<_>>());
@@ -241,30 +269,6 @@ fn python_functions_have_their_qualified_names_from_3_11() {
         }
         problems
     });
-}
-
-/// py-spy (from PyPI, installed by `cargo xtask setup` beside python3).
-fn py_spy() -> PathBuf {
-    let out = Command::new("python3").args(["-c", "import sysconfig; print(sysconfig.get_path('scripts'))"]).output();
-    let scripts = out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
-    let path = Path::new(&scripts).join("py-spy");
-    assert!(path.is_file(), "no py-spy beside python3 ({}): run `cargo xtask setup`", path.display());
-    path
-}
-
-/// Samples per Python function, every function on a sample's stack counted once: from py-spy's
-/// raw output ("frame;frame count", each frame "function (file:line)").
-fn py_spy_functions(raw: &str) -> HashMap<String, i64> {
-    let mut functions = HashMap::new();
-    for line in raw.lines() {
-        let Some((stack, count)) = line.rsplit_once(' ') else { continue };
-        let count: i64 = count.parse().expect("py-spy counts");
-        let names: HashSet<&str> = stack.split(';').map(|frame| frame.split(" (").next().unwrap_or(frame)).collect();
-        for name in names {
-            *functions.entry(name.to_string()).or_default() += count;
-        }
-    }
-    functions
 }
 
 /// The same workload profiled by the agent and by py-spy at once, both at 999 Hz for 8 s (the

@@ -1,11 +1,17 @@
 //! Finding CPython in a process's files: which mapped file is the interpreter (a `python3.X`
 //! executable with the interpreter linked in, or `libpython3.X.so`), its version, where its
-//! runtime is, and where its evaluation loop's code is. Read from the file (its symbols and
-//! segments, through bounded reads), never from the process.
+//! runtime is, its structures' offsets, and where its evaluation loop's code is. Read from the
+//! file (its symbols, segments and, from 3.13, the offsets it publishes, through bounded
+//! reads), never from the process.
 use std::{fs::File, ops::Range};
 
 use anyhow::{bail, Context as _, Result};
 use object::{read::ReadCache, Object, ObjectSegment, ObjectSymbol, ReadRef as _};
+
+use super::{
+    debug_offsets,
+    versions::{self, Offsets},
+};
 
 /// Files larger than this are not examined (the largest libpython here, with its debug
 /// info, is 31 MB).
@@ -14,6 +20,7 @@ const MAX_INTERPRETER_BYTES: u64 = 256 << 20;
 /// A file that holds a CPython interpreter.
 #[derive(Debug)]
 pub struct Interpreter {
+    pub offsets: Offsets,
     /// Where the pointer to the first interpreter is, in the file's own addresses.
     interp_head: u64,
     /// File offsets of the evaluation loop's code (`_PyEval_EvalFrameDefault`, and its cold
@@ -21,6 +28,13 @@ pub struct Interpreter {
     pub eval: Vec<Range<u64>>,
     /// Loadable segments: (address, file offset, bytes in the file).
     segments: Vec<(u64, u64, u64)>,
+}
+
+/// The file offset of a file address, if a loadable segment (address, file offset, bytes in
+/// the file) holds it in the file.
+fn file_offset(segments: &[(u64, u64, u64)], address: u64) -> Option<u64> {
+    let &(start, offset, _) = segments.iter().find(|&&(start, _, size)| (start..start.saturating_add(size)).contains(&address))?;
+    Some(offset + (address - start))
 }
 
 /// The minor version (of 3.x) a file's name says: `python3.11`, `libpython3.9.so.1.0`,
@@ -43,11 +57,10 @@ impl Interpreter {
         if file.metadata()?.len() > MAX_INTERPRETER_BYTES {
             bail!("larger than {} MiB", MAX_INTERPRETER_BYTES >> 20);
         }
-        let (runtime_symbol, head_offset) = match super::versions::layout(minor) {
-            Some((_, offset)) if minor == 6 => ("interp_head", offset),
-            Some((_, offset)) => ("_PyRuntime", offset),
-            None => bail!("CPython 3.{minor} is not a version Ember knows"),
-        };
+        if !versions::KNOWN.contains(&minor) {
+            bail!("CPython 3.{minor} is not a version Ember knows");
+        }
+        let runtime_symbol = if minor == 6 { "interp_head" } else { "_PyRuntime" };
         let cache = ReadCache::new(file);
         let elf = object::File::parse(&cache).context("not an ELF file")?;
         let (mut runtime, mut version, mut eval) = (None, None, Vec::new());
@@ -66,19 +79,26 @@ impl Interpreter {
             .segments()
             .map(|s| (s.address(), s.file_range().0, s.file_range().1))
             .collect();
-        let interpreter = Interpreter { interp_head: runtime.saturating_add(head_offset), eval: Vec::new(), segments };
+        let file_offset = |address| file_offset(&segments, address);
         // 3.11+ says its version: a file named for one version must be it.
-        if let Some(offset) = version.and_then(|address| interpreter.file_offset(address)) {
+        if let Some(offset) = version.and_then(file_offset) {
             let bytes = cache.read_bytes_at(offset, 4).ok().context("reading Py_Version")?;
             let hex = u32::from_le_bytes(bytes.try_into().context("reading Py_Version")?);
             if hex >> 24 != 3 || (hex >> 16) & 0xff != u32::from(minor) {
                 bail!("named for CPython 3.{minor}, but its Py_Version is {hex:#x}");
             }
         }
+        let offsets = if minor >= versions::PUBLISHES_OFFSETS {
+            let offset = file_offset(runtime).context("_PyRuntime is not in the file")?;
+            let bytes = cache.read_bytes_at(offset, debug_offsets::BYTES as u64).ok().context("reading _Py_DebugOffsets")?;
+            debug_offsets::parse(bytes, minor)?
+        } else {
+            versions::from_tables(minor).with_context(|| format!("no offsets of CPython 3.{minor}"))?
+        };
         let mut eval: Vec<Range<u64>> = eval
             .into_iter()
             .filter_map(|range| {
-                let start = interpreter.file_offset(range.start)?;
+                let start = file_offset(range.start)?;
                 Some(start..start + (range.end - range.start))
             })
             .collect();
@@ -87,13 +107,7 @@ impl Interpreter {
         if eval.is_empty() {
             bail!("no _PyEval_EvalFrameDefault symbol: its Python frames could not be placed");
         }
-        Ok(Some(Interpreter { eval, ..interpreter }))
-    }
-
-    /// The file offset of a file address, if a loadable segment holds it in the file.
-    fn file_offset(&self, address: u64) -> Option<u64> {
-        let &(start, offset, _) = self.segments.iter().find(|&&(start, _, size)| (start..start.saturating_add(size)).contains(&address))?;
-        Some(offset + (address - start))
+        Ok(Some(Interpreter { interp_head: runtime.saturating_add(offsets.head), offsets, eval, segments }))
     }
 
     /// Where the pointer to the first interpreter is in a process that maps the file's byte

@@ -1,9 +1,10 @@
 //! Python frames. CPython is found in a process's files (`detect`, with each version's
-//! offsets from `versions`) and told to the walk, which records each Python frame as its code
+//! offsets from `versions` or, where it publishes them, `debug_offsets`) and told to the walk, which records each Python frame as its code
 //! object and position; here they are named from the process's memory (`memory`, `code`,
 //! `lines`), and the evaluation loop's native frames are told apart, where the interval puts
 //! each run's Python frames.
 mod code;
+mod debug_offsets;
 mod detect;
 mod lines;
 mod memory;
@@ -18,7 +19,7 @@ use agent_common::{python_frame, PythonProcess};
 
 use super::binary::Binary;
 use crate::ops::metrics;
-use code::{code_layout, read_code, CodeInfo, CodeLayout};
+use code::{read_code, CodeInfo, CodeLayout};
 use detect::{minor_from_name, Interpreter};
 use memory::ProcessMemory;
 
@@ -77,7 +78,7 @@ impl Pythons {
                 }
             };
             let Some(interpreter) = interpreter else { continue };
-            let (Some((layout, _)), Some(code)) = (versions::layout(minor), code_layout(minor)) else { continue };
+            let offsets = interpreter.offsets;
             let interp_head = interpreter.interp_head_in(*start, *file_offset)?;
             // Read again (it mapped something new: a library, or glibc's unwinder as a thread
             // exits), the same interpreter keeps what was read of its code: once the process
@@ -88,13 +89,13 @@ impl Pythons {
                 file: binary.id,
                 interp_head,
                 memory: ProcessMemory::new(tgid as i32),
-                layout: code,
+                layout: offsets.code,
                 codes: HashMap::new(),
                 frames: HashMap::new(),
             });
             self.processes.insert(tgid, process);
             tracing::debug!(tgid, minor, path = binary.path, "CPython found");
-            return Some(PythonProcess { interp_head, layout });
+            return Some(PythonProcess { interp_head, layout: offsets.walk });
         }
         None
     }
