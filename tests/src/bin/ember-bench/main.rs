@@ -1,4 +1,4 @@
-//! `ember-bench oncpu | offcpu | governor | net | transport | unwind | jit | churn | soak | ui | mappings`, run by `cargo xtask bench` after
+//! `ember-bench oncpu | offcpu | governor | net | transport | unwind | jit | python | churn | soak | ui | mappings`, run by `cargo xtask bench` after
 //! the release build: Ember and its peers on the same workload, in one command, measured the same way from
 //! /proc: CPU over a steady-state window, peak RSS, and (with kernel.bpf_stats_enabled) the run
 //! time of each profiler's BPF programs and the memory of its maps.
@@ -9,6 +9,7 @@ mod mappings;
 mod net;
 mod offcpu;
 mod oncpu;
+mod python;
 mod soak;
 mod transport;
 mod ui;
@@ -22,18 +23,18 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
-use ember_tests::usage::{bpf_usage, cpu_ns, status_kib, BpfStatsEnabled, BpfUsage};
+use ember_tests::usage::{bpf_usage, cpu_ns, status_kib, BpfStats, BpfUsage};
 
 #[derive(clap::Parser)]
 #[command(name = "cargo xtask bench")]
 struct BenchArgs {
     /// Which benchmark.
-    #[arg(value_parser = ["oncpu", "offcpu", "governor", "net", "transport", "unwind", "jit", "churn", "soak", "ui", "mappings"])]
+    #[arg(value_parser = ["oncpu", "offcpu", "governor", "net", "transport", "unwind", "jit", "python", "churn", "soak", "ui", "mappings"])]
     which: String,
     /// Length of the measured window per run (soak: 600 for the ten minutes its goal is about).
     #[arg(long, default_value_t = 20)]
     seconds: u64,
-    /// Sampling frequencies to compare (oncpu, Hz).
+    /// Sampling frequencies to compare (oncpu, python; Hz).
     #[arg(long, value_delimiter = ',', default_value = "99,999")]
     frequencies: Vec<u64>,
     /// oncpu: run a C workload built without frame pointers (perf then unwinds with DWARF).
@@ -62,7 +63,7 @@ fn main() {
 }
 
 fn bench(args: BenchArgs) -> Result<()> {
-    let _stats = BpfStatsEnabled::enable()?;
+    let _stats = BpfStats::enable()?;
     match args.which.as_str() {
         "oncpu" => oncpu::run(args.seconds, &args.frequencies, args.no_frame_pointers, args.deep, args.debug_binary),
         "offcpu" => offcpu::run(args.seconds, args.deep),
@@ -71,6 +72,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         "transport" => transport::run(),
         "unwind" => unwind::run(),
         "jit" => jit::run(args.seconds),
+        "python" => python::run(args.seconds, &args.frequencies),
         "churn" => churn::run(args.seconds),
         "soak" => soak::run(args.seconds),
         "ui" => ui::run(),
