@@ -1,11 +1,20 @@
 //! Entry points for the fuzz targets (`cargo xtask fuzz`, built with `--cfg fuzzing`): each
 //! feeds arbitrary bytes to one surface where the agent reads input it does not control, and
 //! checks what must hold for any input. A panic, a hang or a failed check is a crash.
+use std::{
+    fs::File,
+    io::Write as _,
+    os::fd::{AsRawFd as _, FromRawFd as _},
+    path::Path,
+};
+
 use crate::{
     duration::parse_duration,
     kernel::{tracefs::Format, Btf},
-    resolve::{from_cgroup_path, relabel::Relabeler, MapsLine},
+    resolve::{build_id_of, from_cgroup_path, own_pid, parse_stat, pods::Pods, python_parsers as python, relabel::Relabeler, MapsLine, PerfMap},
     settings::FileConfig,
+    symbolize::{examine_bytes, SymbolIndex},
+    unwind::{CompactTable, UnwindTable},
 };
 
 /// The agent's config file (TOML), its durations and its relabel rules, applied to labels
@@ -60,6 +69,88 @@ pub fn btf(data: &[u8]) {
             let _ = btf.member_offset(name, member);
         }
     }
+}
+
+/// An ELF file's call frame information, as a process may map it: its rows in order, and
+/// its compact form within the walker's limits, every page of the index within the rows.
+pub fn unwind_table(data: &[u8]) {
+    let Ok(table) = UnwindTable::from_elf(data) else { return };
+    assert!(table.rows.windows(2).all(|w| w[0].address <= w[1].address), "rows out of order");
+    let Ok(compact) = CompactTable::of(table) else { return };
+    let rows = compact.rows.len() as u32;
+    assert!(compact.pages.iter().all(|page| page.first < page.end && page.end <= rows), "a page's rows outside the table");
+}
+
+/// An ELF file as a process maps it or a debuginfod server sends it: its build id, its
+/// symbols looked up at addresses from the input, what naming from it would parse, its
+/// debug link, and whether it holds a CPython interpreter.
+pub fn elf_file(data: &[u8]) {
+    let file = memory_file(data);
+    let _ = build_id_of(&file);
+    if let Some(index) = SymbolIndex::build(Path::new(&format!("/proc/self/fd/{}", file.as_raw_fd()))) {
+        let probes = data.chunks_exact(8).take(16).map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")));
+        for address in probes.chain([0, u64::MAX]) {
+            if let Some(function) = index.function_at(address) {
+                let _ = index.name(function);
+            }
+        }
+    }
+    let _ = examine_bytes(data);
+    for minor in [6, 11, 13] {
+        let _ = python::examine(&file, minor);
+    }
+}
+
+/// A perf map, as the process writes it, read in the pieces its NULs cut it into: every
+/// function it names starts before it ends, and none overlaps the next.
+pub fn perf_map(data: &[u8]) {
+    let reads: Vec<&[u8]> = data.split(|&b| b == 0).collect();
+    let functions = PerfMap::functions_after(&reads);
+    assert!(functions.iter().all(|&(start, end)| start < end), "an empty function");
+    assert!(functions.windows(2).all(|w| w[0].1 <= w[1].0), "overlapping functions");
+}
+
+/// /proc/<pid>/stat and status, whose command name the process chooses.
+pub fn proc_files(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let _ = parse_stat(&text);
+    let _ = own_pid(&text);
+}
+
+/// What a Python process's memory holds for the namer: line tables of each version at any
+/// position, and 3.13's published offsets (input: a selector byte, the first line and the
+/// position, then the bytes).
+pub fn python(data: &[u8]) {
+    let [selector, rest @ ..] = data else { return };
+    let (Some(first), Some(position)) = (rest.get(..4), rest.get(4..12)) else { return };
+    let (first, position) = (u32::from_le_bytes(first.try_into().expect("4")), i64::from_le_bytes(position.try_into().expect("8")));
+    let table = &rest[12..];
+    let _ = match selector % 4 {
+        0 => python::lnotab_line(table, first, position),
+        1 => python::linetable_310_line(table, first, position),
+        2 => python::location_table_line(table, first, position),
+        _ => python::debug_offsets(table, 13).ok().map(|_| 0),
+    };
+}
+
+/// A pod as the Kubernetes API server sends it: the labels its containers' samples get are
+/// named as Prometheus and pprof labels may be.
+pub fn kubernetes_pod(data: &[u8]) {
+    for labels in Pods::labels_from_json(data) {
+        for key in labels.keys() {
+            assert!(!key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'), "label {key:?}");
+        }
+    }
+}
+
+/// A file in memory holding `data` (the readers here take a file).
+fn memory_file(data: &[u8]) -> File {
+    // SAFETY: memfd_create with a NUL-terminated name; the descriptor is owned from here.
+    let fd = unsafe { libc::memfd_create(c"fuzz".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+    let mut file = unsafe { File::from_raw_fd(fd) };
+    file.write_all(data).expect("writing a memory file");
+    file
 }
 
 fn split_at_nul(data: &[u8]) -> (&[u8], &[u8]) {

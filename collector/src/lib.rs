@@ -4,6 +4,8 @@
 //! ingest, `store`, `rollup` of time `buckets`, `http`/`https` queries over `query`, `pull`
 //! loops); `offline` answers
 //! `list` and `query` from a stopped collector's data directory.
+#[cfg(test)]
+mod allocations;
 mod api;
 mod buckets;
 mod http;

@@ -1,7 +1,10 @@
 //! Time series of a selection: its total per step over a range, optionally one line per value
 //! of a "group by" label (a profile's label, such as host, or a sample's, such as pod), for the
 //! web UI's chart. Lines beyond the heaviest few are summed into one.
-use std::{collections::BTreeMap, time::Instant};
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::Instant,
+};
 
 use anyhow::Result;
 use ember_proto::pprof::Profile;
@@ -83,15 +86,8 @@ pub fn series(
     lengths.sort_unstable();
     let step = step.max(lengths.get(lengths.len() / 2).copied().unwrap_or(1));
     let points = (to - from).div_ceil(step) as usize;
-    let mut groups: BTreeMap<String, Vec<i64>> = BTreeMap::new();
-    for (start, _, totals) in &found {
-        let point = ((start.saturating_sub(from) / step) as usize).min(points - 1);
-        for (group, total) in totals {
-            let values = groups.entry(group.clone()).or_insert_with(|| vec![0; points]);
-            values[point] = values[point].saturating_add(*total);
-        }
-    }
-    Ok(Series { from, step, unit, profiles: found.len(), lines: heaviest(groups) })
+    let lines = lines(&found, from, step, points);
+    Ok(Series { from, step, unit, profiles: found.len(), lines })
 }
 
 /// A profile's totals by group (key, the profile's own value of it): all of it under
@@ -116,20 +112,30 @@ fn totals(profile: &Profile, value: usize, group: Option<(&str, Option<&str>)>) 
     by_group
 }
 
-/// The MAX_GROUPS heaviest lines, heaviest first, and the rest summed as "other".
-fn heaviest(groups: BTreeMap<String, Vec<i64>>) -> Vec<Line> {
-    let mut lines: Vec<Line> = groups.into_iter().map(|(name, values)| Line { name, values }).collect();
-    let weight = |line: &Line| line.values.iter().copied().fold(0i64, i64::saturating_add);
-    lines.sort_by_key(|line| std::cmp::Reverse(weight(line)));
-    if lines.len() > MAX_GROUPS {
-        let rest = lines.split_off(MAX_GROUPS - 1);
-        let mut other = vec![0i64; rest[0].values.len()];
-        for line in rest {
-            for (sum, v) in other.iter_mut().zip(line.values) {
-                *sum = sum.saturating_add(v);
-            }
+/// The lines of the profiles' totals by group (start, length and totals of each): the
+/// MAX_GROUPS heaviest, heaviest first, and the rest summed as "other", each with a value per
+/// step. The groups are weighed first and only the lines shown get their points: a label with
+/// a million values costs a million weights, not a million lines.
+fn lines(found: &[(u64, u64, BTreeMap<String, i64>)], from: u64, step: u64, points: usize) -> Vec<Line> {
+    let mut weights: HashMap<&str, i64> = HashMap::new();
+    for (group, total) in found.iter().flat_map(|(_, _, totals)| totals) {
+        let weight = weights.entry(group).or_default();
+        *weight = weight.saturating_add(*total);
+    }
+    let mut order: Vec<(&str, i64)> = weights.into_iter().collect();
+    order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let shown = if order.len() > MAX_GROUPS { MAX_GROUPS - 1 } else { order.len() };
+    let line_of: HashMap<&str, usize> = order.iter().enumerate().map(|(i, &(group, _))| (group, i.min(shown))).collect();
+    let mut lines: Vec<Line> = order[..shown].iter().map(|&(group, _)| Line { name: group.to_string(), values: vec![0; points] }).collect();
+    if order.len() > shown {
+        lines.push(Line { name: "other".into(), values: vec![0; points] });
+    }
+    for (start, _, totals) in found {
+        let point = ((start.saturating_sub(from) / step) as usize).min(points - 1);
+        for (group, total) in totals {
+            let value = &mut lines[line_of[group.as_str()]].values[point];
+            *value = value.saturating_add(*total);
         }
-        lines.push(Line { name: "other".into(), values: other });
     }
     lines
 }
@@ -179,11 +185,23 @@ mod tests {
 
     #[test]
     fn lines_past_the_heaviest_are_summed_as_other() {
-        let groups = (0..12).map(|i| (format!("g{i:02}"), vec![i, 1])).collect();
-        let lines = heaviest(groups);
+        // Group g{i} has i at the first point and 1 at the second.
+        let found: Vec<_> = (0..12).flat_map(|i| [(0, 1, BTreeMap::from([(format!("g{i:02}"), i)])), (1, 1, BTreeMap::from([(format!("g{i:02}"), 1)]))]).collect();
+        let lines = lines(&found, 0, 1, 2);
         assert_eq!(lines.len(), MAX_GROUPS);
         assert_eq!((lines[0].name.as_str(), lines[0].values.as_slice()), ("g11", &[11, 1][..]));
         // g00..g02 are the lightest three.
         assert_eq!((lines[9].name.as_str(), lines[9].values.as_slice()), ("other", &[3, 3][..]));
+    }
+
+    /// A label with 100,000 values over 600 points: lines for the ten shown, not for each
+    /// value (that would be 480 MB).
+    #[test]
+    fn a_label_with_many_values_allocates_only_the_lines_shown() {
+        let found: Vec<_> = (0..100_000).map(|i| (i % 600, 1, BTreeMap::from([(format!("pod-{i}"), i as i64)]))).collect();
+        let (lines, peak) = crate::allocations::peak_of(|| lines(&found, 0, 1, 600));
+        assert_eq!(lines.len(), MAX_GROUPS);
+        assert_eq!(lines[0].name, "pod-99999");
+        assert!(peak < 32 << 20, "{} MiB allocated at the peak", peak >> 20);
     }
 }

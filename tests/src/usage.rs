@@ -55,21 +55,30 @@ pub fn bpf_usage(pid: u32) -> BpfUsage {
     usage
 }
 
-/// Turns on the kernel's BPF run-time accounting (what `bpf_usage` reads) and restores the
-/// old value when dropped.
-pub struct BpfStatsEnabled(String);
+/// The kernel's BPF run-time accounting (what `bpf_usage` reads), turned on or off; the old
+/// value is restored when dropped.
+pub struct BpfStats(String);
 
 const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
-impl BpfStatsEnabled {
-    pub fn enable() -> anyhow::Result<BpfStatsEnabled> {
+impl BpfStats {
+    pub fn enable() -> anyhow::Result<BpfStats> {
+        Self::set("1")
+    }
+
+    /// Off, as on a host where nothing asked for it (each program run then costs less).
+    pub fn disable() -> anyhow::Result<BpfStats> {
+        Self::set("0")
+    }
+
+    fn set(value: &str) -> anyhow::Result<BpfStats> {
         let old = fs::read_to_string(BPF_STATS).context("reading kernel.bpf_stats_enabled")?;
-        fs::write(BPF_STATS, "1").context("enabling kernel.bpf_stats_enabled (needs root)")?;
-        Ok(BpfStatsEnabled(old))
+        fs::write(BPF_STATS, value).context("setting kernel.bpf_stats_enabled (needs root)")?;
+        Ok(BpfStats(old))
     }
 }
 
-impl Drop for BpfStatsEnabled {
+impl Drop for BpfStats {
     fn drop(&mut self) {
         let _ = fs::write(BPF_STATS, self.0.trim());
     }

@@ -21,6 +21,7 @@ fn at_9999_hz_kept_plus_dropped_is_every_sample_and_no_stack_is_missing_or_forei
     let kept = Decoded::total(&profile.samples.iter().collect::<Vec<_>>()) as u64;
     assert!(seen > 50_000, "only {seen} samples at 9999 Hz on busy CPUs");
     assert!(dropped > 0, "32 keys must overflow with ~100 distinct stacks per process");
+    assert!(kept >= 1000, "only {kept} of {seen} samples kept");
     assert_eq!(kept + dropped, seen, "kept {kept} + dropped {dropped} must be every accepted sample ({seen})");
 
     let missing = profile.samples.iter().filter(|s| s.has_function("[stack lost: not in stack map]")).count();
@@ -31,6 +32,7 @@ fn at_9999_hz_kept_plus_dropped_is_every_sample_and_no_stack_is_missing_or_forei
     // `main`, through no other mode's functions. (Stacks sampled in libc's start-up or exit
     // code, which has no frame pointers, end where its frame pointers do.)
     for pid in pids {
+        assert!(Decoded::total(&profile.samples_of(pid)) >= 100, "no kept samples of fixture {pid}");
         for sample in profile.samples_of(pid) {
             let user: Vec<&str> = sample.frames.iter().filter(|f| f.mapping != "[kernel.kallsyms]").map(|f| f.function.as_str()).collect();
             if user.iter().any(|f| f.starts_with("[user stack lost")) || user.is_empty() {

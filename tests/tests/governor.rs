@@ -6,8 +6,8 @@
 use std::time::{Duration, Instant};
 
 use ember_tests::{
-    require_root,
-    usage::{bpf_usage, cpu_ns, BpfStatsEnabled},
+    least_privilege_agent, require_root,
+    usage::{bpf_usage, cpu_ns, BpfStats},
     Agent, Decoded, Fixture, TempDir,
 };
 
@@ -41,7 +41,7 @@ fn a_tiny_cpu_budget_holds_on_a_switch_heavy_host_and_totals_stay_true() {
     require_root();
     // The kernel's accounting of the programs' run time: the test's own measure, apart from
     // the one the programs take for the governor.
-    let _stats = BpfStatsEnabled::enable().expect("enabling kernel.bpf_stats_enabled");
+    let _stats = BpfStats::enable().expect("enabling kernel.bpf_stats_enabled");
     let dir = TempDir::new("governor");
     let out = dir.path("profiles");
     // 200 us busy per turn: some 9,000 context switches a second. Unchecked, profiling costs
@@ -93,6 +93,7 @@ fn a_tiny_cpu_budget_holds_on_a_switch_heavy_host_and_totals_stay_true() {
     let off_cpu = Decoded::read_kind(&out, "offcpu");
     // An off-CPU profile counts a recorded block as its interval's ratio of blocks.
     let ratio = |p: &Decoded| p.comment_field("ember.off_cpu_ratio").and_then(|r| r.parse().ok()).expect("profiles carry the off-CPU ratio");
+    assert_eq!(run.lines.len(), 2, "the fixture's threads: {:?}", run.lines);
     for line in &run.lines {
         let (tid, wall_ns, thread_cpu_ns) = (line[0].to_string(), line[1] as f64, line[2] as f64);
         let samples: Vec<_> = wall.iter().flat_map(|p| p.samples_labelled("tid", &tid)).collect();
@@ -116,6 +117,46 @@ fn a_tiny_cpu_budget_holds_on_a_switch_heavy_host_and_totals_stay_true() {
     let bound = (3.0 * variance(&cpu, ("pid", &pid.to_string()), |_| 1.0).sqrt() / 1e9 / run.cpu_seconds).max(0.1);
     let error = (fixture_ns as f64 / 1e9 - run.cpu_seconds).abs() / run.cpu_seconds;
     assert!(error <= bound, "on-CPU profiles hold {:.2} s of the fixture, it used {:.2} s (bound {bound:.3})", fixture_ns as f64 / 1e9, run.cpu_seconds);
+}
+
+/// The budget deployed (deploy/agent.toml: 1%), with the unit's privileges (no root, its
+/// capabilities) and the kernel's BPF accounting off, as on a host: the programs time
+/// themselves, and the governor holds the cost within the budget. A ping-pong at some 2,000
+/// switches a second, profiled on- and off-CPU at 999 Hz, costs more than 1% unchecked.
+/// Without the kernel's accounting, the programs' cost is what the agent measured of them.
+#[test]
+fn the_deployed_budget_holds_with_the_units_privileges_and_no_bpf_stats() {
+    require_root();
+    let _stats = BpfStats::disable().expect("turning kernel.bpf_stats_enabled off");
+    let dir = TempDir::new("governor-unit");
+    std::fs::set_permissions(&dir.0, std::os::unix::fs::PermissionsExt::from_mode(0o777)).expect("opening the temp dir to the agent's user");
+    let out = dir.path("profiles");
+    let mut fixture = Fixture::spawn_with(std::process::Command::new(FIXTURE), "pingpong", SECONDS, &["1000"]);
+    let mut command = least_privilege_agent();
+    command.args(["run", "--events", "cpu,offcpu", "-F", "999", "--interval", "2s", "--cpu-budget", "1%", "--output-dir", out.to_str().unwrap()]);
+    let mut agent = Agent::spawn_command(command);
+    agent.wait_ready();
+    fixture.start();
+    let started = Instant::now();
+    std::thread::sleep(SETTLE);
+    let (from, cpu_from, unix_from) = (Instant::now(), cpu_ns(agent.pid()), std::time::SystemTime::now());
+    std::thread::sleep(Duration::from_secs_f64(SECONDS - 1.0).saturating_sub(started.elapsed()));
+    let agent_share = (cpu_ns(agent.pid()) - cpu_from) as f64 / from.elapsed().as_nanos() as f64;
+    fixture.finish();
+    agent.signal(libc::SIGINT);
+    let stderr = agent.wait_success(Duration::from_secs(30));
+    let since = unix_from.duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i64;
+    let field = |p: &Decoded, key: &str| p.comment_field(key).and_then(|v| v.parse::<f64>().ok());
+    let wall = Decoded::read_kind(&out, "wall");
+    let window: Vec<&Decoded> = wall.iter().filter(|p| p.profile.time_nanos >= since && field(p, "ember.overhead.bpf").is_some()).collect();
+    assert!(window.len() >= 4, "{} intervals in the window:\n{stderr}", window.len());
+    let bpf_share = window.iter().filter_map(|p| field(p, "ember.overhead.bpf")).sum::<f64>() / window.len() as f64;
+    let ratios: Vec<f64> = wall.iter().filter_map(|p| field(p, "ember.off_cpu_ratio")).collect();
+    let frequencies: Vec<f64> = wall.iter().filter_map(|p| field(p, "ember.frequency")).collect();
+    println!("agent {:.3}% + programs {:.3}% of a core (budget 1%); off-CPU ratios {ratios:?}, frequencies {frequencies:?}", agent_share * 100.0, bpf_share * 100.0);
+    assert!(bpf_share > 0.0, "the programs measured no run time of their own:\n{stderr}");
+    assert!(ratios.iter().any(|&r| r > 1.0) || frequencies.iter().any(|&f| f < 999.0), "the rates never came down: {ratios:?} {frequencies:?}");
+    assert!(agent_share + bpf_share <= 0.01, "profiling cost {:.3}% of a core, over the 1% budget:\n{stderr}", (agent_share + bpf_share) * 100.0);
 }
 
 /// At the lowest rate (1 Hz) the sampler's clock ticks once a second on every CPU. The

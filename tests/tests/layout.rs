@@ -23,7 +23,7 @@ const AGENT: &[&[&str]] = &[
 ];
 
 const COLLECTOR: &[&[&str]] = &[
-    &["buckets", "store", "tree"],
+    &["allocations", "buckets", "store", "tree"],
     &["query", "service", "labels", "series", "rollup"],
     &["pull", "https", "request"],
     &["api", "ui"],

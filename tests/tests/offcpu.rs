@@ -13,6 +13,7 @@ fn off_cpu_time_of_each_blocking_stack_matches_the_threads_wall_time() {
     let (out, runs) = record_fixtures(&dir, vec![fixture], 3.0, &["--events", "offcpu", "--pid", &pid]);
     let profile = Decoded::read(&out);
     // The fixture prints "<tid> <wall ns>" for the sleeper, then for the reader.
+    assert_eq!(runs[0].lines.len(), 2, "the fixture's threads: {:?}", runs[0].lines);
     for (line, function) in runs[0].lines.iter().zip(["fixture::sleeper", "fixture::reader"]) {
         let (tid, wall_ns) = (line[0].to_string(), line[1] as f64);
         let thread = profile.samples_labelled("tid", &tid);

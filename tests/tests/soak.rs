@@ -8,7 +8,7 @@ use std::{
 use ember_tests::{
     require_root,
     soak::{self, Footprint, Growth},
-    Agent, TempDir,
+    Agent, Decoded, TempDir,
 };
 
 const INTERVAL: Duration = Duration::from_secs(5);
@@ -53,4 +53,8 @@ fn footprint_stays_flat_at_999_hz_with_process_churn() {
     let written = std::fs::read_dir(&profiles).unwrap().count() as u64;
     let expected = (warm_up + MEASURED).as_secs() / INTERVAL.as_secs();
     assert!(written >= expected, "{written} profiles written in {expected} intervals");
+    // And it profiled the churn all along: a flat footprint of an agent that sampled nothing
+    // would prove nothing.
+    let churn: i64 = Decoded::read_kind(&profiles, "cpu").iter().map(|p| Decoded::total(&p.samples_labelled("comm", "churn_child"))).sum();
+    assert!(churn >= 20_000, "only {churn} samples of the churn's processes");
 }

@@ -15,6 +15,9 @@ pub struct Binary {
     pub id: (u64, u64),
     pub size: u64,
     pub(super) file: File,
+    /// Whether a process serves the file (FUSE): its reads run where a read that never
+    /// returns costs a worker, not the stage (`untrusted::read_with`).
+    pub(super) served: bool,
 }
 
 impl Binary {
@@ -24,7 +27,7 @@ impl Binary {
         use std::os::unix::fs::MetadataExt;
         let file = File::open(path).expect("opening a test binary");
         let meta = file.metadata().expect("its metadata");
-        Binary { path: path.to_string(), build_id: None, id: (meta.dev(), meta.ino()), size: meta.len(), file }
+        Binary { path: path.to_string(), build_id: None, id: (meta.dev(), meta.ino()), size: meta.len(), file, served: false }
     }
 
     /// A path that reaches this exact file from the agent, whatever happens to the original.
@@ -49,11 +52,13 @@ impl Binary {
 /// debug info then).
 pub type BinaryOpened = Box<dyn FnMut(&Binary) + Send>;
 
-/// The GNU build id of the ELF file `file`, in hex.
+/// The GNU build id of the ELF file `file`, in hex: read from its notes through bounded
+/// reads of the file (a crafted file's offsets are checked, never trusted).
 pub fn build_id_of(file: &File) -> Option<String> {
-    let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-    let id = blazesym::helper::read_elf_build_id(&path).ok().flatten()?;
-    Some(id.iter().map(|b| format!("{b:02x}")).collect())
+    use object::Object as _;
+    let cache = object::read::ReadCache::new(file);
+    let id = object::File::parse(&cache).ok()?.build_id().ok().flatten()?;
+    (!id.is_empty()).then(|| id.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Raises the open-file limit to its hard limit: the table keeps every mapped binary open, and

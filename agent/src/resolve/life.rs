@@ -46,7 +46,7 @@ fn clock_ticks_per_second() -> u64 {
 }
 
 /// What /proc/<tgid>/stat tells of a life.
-struct Stat {
+pub(crate) struct Stat {
     /// Field 22: when the process started, in clock ticks since boot.
     start_ticks: u64,
     /// Field 28: where its stack starts (0 when its memory is not shown).
@@ -55,7 +55,7 @@ struct Stat {
 
 /// The fields of a stat line. The command name, field 2, is in parentheses and may hold
 /// spaces and parentheses itself: the fields after it are counted from the last ')'.
-fn parse_stat(stat: &str) -> Option<Stat> {
+pub(crate) fn parse_stat(stat: &str) -> Option<Stat> {
     let mut after_name = stat[stat.rfind(')')? + 1..].split_whitespace();
     let start_ticks = after_name.nth(19)?.parse().ok()?;
     let start_stack = after_name.nth(5)?.parse().ok()?;

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use agent_common::kind;
 use anyhow::Result;
 
-pub use binary::{Binary, BinaryOpened};
+pub use binary::{build_id_of, Binary, BinaryOpened};
 pub use cgroups::cgroup_id;
 pub use interval::{ResolvedInterval, ResolvedSample, Site};
 pub use procs::UserAddress;
@@ -30,6 +30,8 @@ pub use python::PythonFrame;
 pub use targets::Targets;
 #[cfg(fuzzing)]
 pub use {maps_line::MapsLine, targets::from_cgroup_path};
+#[cfg(fuzzing)]
+pub(crate) use {life::parse_stat, perf_map::{own_pid, PerfMap}, python::fuzzing as python_parsers};
 
 use crate::{
     kernel::{tracefs::Format, Announcements, KernelSettings, Sampler},

@@ -199,12 +199,18 @@ pub fn parse_line(line: &str) -> Option<(u64, u64, &str)> {
     (size > 0 && !name.is_empty()).then_some((start, end, name))
 }
 
+/// The pid a process knows itself by (the last of /proc/<pid>/status's NSpid: its own pid
+/// namespace's), which names its perf map.
+pub fn own_pid(status: &str) -> Option<u32> {
+    status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
+}
+
 /// The process's perf map, opened inside its root under the pid it knows itself by, on a
 /// worker (the process may serve its /tmp itself), and whether a process serves it.
 fn open(tgid: u32) -> Result<(File, bool), Refused> {
     let missing = Refused::Failed(std::io::ErrorKind::NotFound);
     let status = untrusted::read_proc(Path::new(&format!("/proc/{tgid}/status")), 64 << 10)?;
-    let own_pid = status.lines().find_map(|l| l.strip_prefix("NSpid:")).and_then(|l| l.split_whitespace().last()).ok_or(missing)?;
+    let own_pid = own_pid(&status).ok_or(missing)?;
     let root = super::proc_dir::first_showing(tgid, |dir| File::open(dir.join("root")).ok()).ok_or(missing)?;
     let path = format!("/tmp/perf-{own_pid}.map");
     untrusted::with_deadline(move || {
@@ -212,6 +218,18 @@ fn open(tgid: u32) -> Result<(File, bool), Refused> {
         let served = untrusted::served_by_a_process(&file);
         Ok((file, served))
     })?
+}
+
+#[cfg(fuzzing)]
+impl PerfMap {
+    /// The functions (start, end) a map holds once `reads` were read from it, in that order.
+    pub fn functions_after(reads: &[&[u8]]) -> Vec<(u64, u64)> {
+        let mut map = PerfMap::default();
+        for bytes in reads {
+            map.parse(bytes);
+        }
+        map.functions.iter().map(|(&start, &(end, _))| (start, end)).collect()
+    }
 }
 
 #[cfg(test)]

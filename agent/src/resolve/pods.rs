@@ -240,6 +240,26 @@ fn label_name(key: &str) -> String {
     key.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect()
 }
 
+#[cfg(fuzzing)]
+impl Pods {
+    /// The labels a sample of each container of a pod gets, the pod as the API server sends
+    /// it (JSON).
+    pub fn labels_from_json(json: &[u8]) -> Vec<Labels> {
+        let Ok(pod) = serde_json::from_slice::<Pod>(json) else { return Vec::new() };
+        let pods = Pods::default();
+        pods.update(|index| index.apply(&pod));
+        let containers: Vec<(String, String)> = pods.0.read().expect("pod index lock").containers.clone().into_iter().collect();
+        containers
+            .into_iter()
+            .map(|(id, uid)| {
+                let mut labels: Labels = [("container_id".to_string(), id), ("pod_uid".to_string(), uid)].into_iter().collect();
+                pods.annotate(&mut labels);
+                labels
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

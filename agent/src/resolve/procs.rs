@@ -236,7 +236,7 @@ impl ProcessTable {
     fn mapping(&mut self, dir: &Path, line: MapsLine) -> Mapping {
         let MapsLine { start, end, file_offset, path, .. } = line;
         let target = if path == "[vdso]" {
-            let vdso = vdso::image(end - start).and_then(|image| self.shared(path, image, |image| Ok(build_id_of(image))).ok());
+            let vdso = vdso::image(end - start).and_then(|image| self.shared(path, (image, false), |image| Ok(build_id_of(image))).ok());
             vdso.map_or_else(|| MappingTarget::Special(path.to_string()), MappingTarget::File)
         } else if line.inode == 0 || path.is_empty() || path.starts_with('[') {
             MappingTarget::Special(if path.is_empty() { "[anon]".into() } else { path.to_string() })
@@ -278,7 +278,7 @@ impl ProcessTable {
                 let file = file.try_clone()?;
                 untrusted::read_with(served, move || build_id_of(&file))
             };
-            self.shared(path.trim_end_matches(" (deleted)"), file, read_build_id).map_err(Unopened::Refused)
+            self.shared(path.trim_end_matches(" (deleted)"), (file, served), read_build_id).map_err(Unopened::Refused)
         });
         match binary {
             Ok(binary) => Some(binary),
@@ -298,14 +298,14 @@ impl ProcessTable {
 
     /// The binary `file` is, shared with every process that maps the same file; a new one's
     /// build id is read with `build_id`.
-    fn shared(&mut self, path: &str, file: File, build_id: impl FnOnce(&File) -> Result<Option<String>, Refused>) -> Result<Arc<Binary>, Refused> {
+    fn shared(&mut self, path: &str, (file, served): (File, bool), build_id: impl FnOnce(&File) -> Result<Option<String>, Refused>) -> Result<Arc<Binary>, Refused> {
         let meta = file.metadata()?;
         let id = (meta.dev(), meta.ino());
         if let Some(binary) = self.binaries.get(&id).and_then(Weak::upgrade) {
             return Ok(binary);
         }
         let build_id = build_id(&file)?;
-        let binary = Arc::new(Binary { path: path.to_string(), build_id, id, size: meta.len(), file });
+        let binary = Arc::new(Binary { path: path.to_string(), build_id, id, size: meta.len(), file, served });
         self.binaries.insert(id, Arc::downgrade(&binary));
         if let Some(opened) = self.opened.as_mut() {
             opened(&binary);

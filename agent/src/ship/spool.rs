@@ -25,10 +25,12 @@ const NEXT_SEQUENCE: &str = "next-sequence";
 const SPOOL_ID: &str = "spool-id";
 const EXTENSION: &str = "profile";
 const QUARANTINE: &str = "quarantine";
-/// A spool file: MAGIC, the encoded profile's length and CRC-32 (little-endian u32s), then
-/// the profile. Files without MAGIC are bare profiles (spools written before the checksum).
-const MAGIC: &[u8; 8] = b"EMBSPL01";
-const HEADER: usize = MAGIC.len() + 8;
+/// A spool file: MAGIC, the format's version (two ASCII digits), the encoded profile's length
+/// and CRC-32 (little-endian u32s), then the profile. Anything else is damaged: a file is
+/// sent only if every byte of it checks.
+const MAGIC: &[u8; 6] = b"EMBSPL";
+const VERSION: &[u8; 2] = b"01";
+const HEADER: usize = MAGIC.len() + VERSION.len() + 8;
 
 pub struct Spool {
     /// The sink it feeds ("collector", "pull", "otlp"), for logs and metrics.
@@ -199,6 +201,7 @@ fn encode(profile: &Profile) -> Vec<u8> {
     let body = profile.encode_to_vec();
     let mut bytes = Vec::with_capacity(HEADER + body.len());
     bytes.extend_from_slice(MAGIC);
+    bytes.extend_from_slice(VERSION);
     bytes.extend_from_slice(&(body.len() as u32).to_le_bytes());
     bytes.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
     bytes.extend_from_slice(&body);
@@ -207,20 +210,21 @@ fn encode(profile: &Profile) -> Vec<u8> {
 
 fn decode(bytes: &[u8]) -> Result<Profile, String> {
     let word = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes"));
-    let body = match bytes.strip_prefix(MAGIC) {
-        Some(rest) if rest.len() >= 8 => {
-            let (length, crc, body) = (word(&rest[..4]), word(&rest[4..8]), &rest[8..]);
-            if body.len() != length as usize {
-                return Err(format!("{} bytes of profile, the header says {length}", body.len()));
-            }
-            if crc32fast::hash(body) != crc {
-                return Err("checksum mismatch".into());
-            }
-            body
-        }
-        Some(_) => return Err("truncated header".into()),
-        None => bytes,
+    let Some(rest) = bytes.strip_prefix(MAGIC) else { return Err("no spool header".into()) };
+    let Some(rest) = rest.strip_prefix(VERSION) else {
+        let version = String::from_utf8_lossy(&rest[..rest.len().min(VERSION.len())]).into_owned();
+        return Err(format!("spool format {version:?}, this agent reads {:?}", std::str::from_utf8(VERSION).expect("ASCII")));
     };
+    if rest.len() < 8 {
+        return Err("truncated header".into());
+    }
+    let (length, crc, body) = (word(&rest[..4]), word(&rest[4..8]), &rest[8..]);
+    if body.len() != length as usize {
+        return Err(format!("{} bytes of profile, the header says {length}", body.len()));
+    }
+    if crc32fast::hash(body) != crc {
+        return Err("checksum mismatch".into());
+    }
     Profile::decode(body).map_err(|e| format!("undecodable profile: {e}"))
 }
 
@@ -242,25 +246,33 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ember-spool-damage-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         let spool = Spool::open(&dir, "test", u64::MAX, usize::MAX).unwrap();
-        for _ in 0..4 {
+        for _ in 0..7 {
             spool.append(profile(100)).unwrap();
         }
         let file = |seq: u64| dir.join(format!("{seq:020}.{EXTENSION}"));
-        // One bit flipped in profile 2's body; profile 3 cut short.
-        let mut bytes = fs::read(file(2)).unwrap();
-        bytes[HEADER + 10] ^= 0x10;
-        fs::write(file(2), bytes).unwrap();
-        let bytes = fs::read(file(3)).unwrap();
-        fs::write(file(3), &bytes[..bytes.len() - 1]).unwrap();
-        fs::write(dir.join(format!("{:020}.{EXTENSION}.{PARTIAL}", 5)), b"half").unwrap();
+        let damage = |seq: u64, how: &dyn Fn(&mut Vec<u8>)| {
+            let mut bytes = fs::read(file(seq)).unwrap();
+            how(&mut bytes);
+            fs::write(file(seq), bytes).unwrap();
+        };
+        // Profile 2: one bit flipped in its body; 3: cut short; 4: one bit flipped in the
+        // magic; 5: a bare profile, with no header; 6: a format this agent does not read.
+        damage(2, &|b| b[HEADER + 10] ^= 0x10);
+        damage(3, &|b| b.truncate(b.len() - 1));
+        damage(4, &|b| b[1] ^= 0x01);
+        damage(5, &|b| *b = b.split_off(HEADER));
+        damage(6, &|b| b[MAGIC.len() + 1] = b'2');
+        fs::write(dir.join(format!("{:020}.{EXTENSION}.{PARTIAL}", 8)), b"half").unwrap();
         let spool = Spool::open(&dir, "test", u64::MAX, usize::MAX).unwrap();
-        assert!(!dir.join(format!("{:020}.{EXTENSION}.{PARTIAL}", 5)).exists(), "the interrupted write is removed");
+        assert!(!dir.join(format!("{:020}.{EXTENSION}.{PARTIAL}", 8)).exists(), "the interrupted write is removed");
         let sent: Vec<u64> = spool.oldest(10).unwrap().iter().map(|p| p.sequence).collect();
-        assert_eq!(sent, [1, 4], "the damaged files do not block the ones after them");
+        assert_eq!(sent, [1, 7], "the damaged files do not block the ones after them");
         let quarantined: Vec<String> =
             fs::read_dir(dir.join(QUARANTINE)).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
-        assert_eq!(quarantined.len(), 2, "{quarantined:?}");
-        assert_eq!(spool.append(profile(10)).unwrap(), 5, "numbering goes on past the quarantined files");
+        assert_eq!(quarantined.len(), 5, "{quarantined:?}");
+        let newer = fs::read(dir.join(QUARANTINE).join(file(6).file_name().unwrap())).unwrap();
+        assert_eq!(decode(&newer).unwrap_err(), r#"spool format "02", this agent reads "01""#);
+        assert_eq!(spool.append(profile(10)).unwrap(), 8, "numbering goes on past the quarantined files");
         fs::remove_dir_all(&dir).unwrap();
     }
 

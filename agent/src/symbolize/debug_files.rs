@@ -16,7 +16,7 @@ use object::{Object as _, ObjectSection as _};
 use super::debuginfod::{Debuginfod, DebuginfodSettings, Fetched};
 use crate::resolve::BinaryOpened;
 use crate::{
-    resolve::Binary,
+    resolve::{build_id_of, Binary},
     unwind::{executable_segments, Segment},
 };
 
@@ -138,7 +138,16 @@ fn parse_bytes(elf: &object::File) -> u64 {
         s.name().is_ok_and(|n| n.starts_with(".debug_") || n.starts_with(".zdebug_") || [".symtab", ".strtab", ".dynsym", ".dynstr"].contains(&n))
     };
     let size = |s: object::Section| s.compressed_file_range().map_or(s.size(), |range| range.uncompressed_size.max(s.size()));
-    elf.sections().filter(read).map(size).sum()
+    elf.sections().filter(read).map(size).fold(0, u64::saturating_add)
+}
+
+/// What the agent reads of a debug file (a debuginfod server's answer, a file a debug link
+/// names) before the symbolizer has it: the bytes naming from it will parse, its debug link.
+#[cfg(fuzzing)]
+pub fn examine_bytes(data: &[u8]) -> Option<(u64, Option<(String, u32)>)> {
+    let elf = object::File::parse(data).ok()?;
+    let link = elf.section_by_name(".gnu_debuglink").and_then(|s| s.data().ok()).and_then(debuglink);
+    Some((parse_bytes(&elf), link))
 }
 
 fn parse_bytes_of(path: &Path) -> Option<u64> {
@@ -176,7 +185,7 @@ fn linked_file(binary_path: &str, link: &str, crc: u32, build_id: Option<&str>, 
     let mut candidates = vec![dir.join(link), dir.join(".debug").join(link)];
     candidates.extend(dirs.iter().map(|d| d.join(relative).join(link)));
     candidates.into_iter().filter(|p| p.is_file()).find(|p| match build_id {
-        Some(id) => blazesym::helper::read_elf_build_id(p).ok().flatten().is_some_and(|b| b.iter().map(|x| format!("{x:02x}")).collect::<String>() == id),
+        Some(id) => File::open(p).ok().and_then(|file| build_id_of(&file)).is_some_and(|found| found == id),
         None => crc32_of(p) == Some(crc),
     })
 }

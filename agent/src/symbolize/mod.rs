@@ -27,10 +27,12 @@ use blazesym::symbolize::{
 pub use debug_files::{prefetcher, start_debuginfod, SymbolSettings};
 pub use debuginfod::{Debuginfod, DebuginfodSettings};
 pub use jit::jit_frame;
+#[cfg(fuzzing)]
+pub(crate) use debug_files::examine_bytes;
 
 use cache::FrameCache;
 use debug_files::{DebugFiles, Source as DebugSource};
-use symtab::SymbolIndex;
+pub(crate) use symtab::SymbolIndex;
 
 use crate::{
     ops::metrics,

@@ -65,7 +65,7 @@ impl SymbolIndex {
     pub fn function_at(&self, address: u64) -> Option<usize> {
         let index = self.functions.partition_point(|f| f.address <= address).checked_sub(1)?;
         let function = &self.functions[index];
-        (address < function.address + function.size as u64).then_some(index)
+        (address < function.address.saturating_add(function.size as u64)).then_some(index)
     }
 
     /// The demangled name of function `index`, read from the file.

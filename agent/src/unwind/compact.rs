@@ -22,11 +22,18 @@ pub struct Placement {
     segments: Vec<Segment>,
 }
 
+/// Page index entries a table may have: a quarter of the walker's rows, as the kernel's index
+/// for all tables is sized (a page of code has about ten rows). Checked before the index is
+/// built: a crafted file with two rows 4 GiB apart would otherwise cost 64 MB here first.
+const MAX_PAGES: u64 = MAX_TABLE_ROWS as u64 / 4;
+
 impl CompactTable {
     pub fn of(table: UnwindTable) -> Result<CompactTable> {
         let base = table.rows.first().map_or(0, |row| row.address);
         let span = table.rows.last().map_or(0, |row| row.address - base);
         ensure!(span <= u32::MAX as u64, "its code spans {span} bytes, beyond the walker's 4 GiB");
+        let pages = span / UNWIND_PAGE + 1;
+        ensure!(pages <= MAX_PAGES, "its code spans {span} bytes: {pages} index pages, beyond the walker's {MAX_PAGES}");
         let mut rows: Vec<UnwindRow> = Vec::with_capacity(table.rows.len());
         for row in &table.rows {
             let compact = UnwindRow { pc: (row.address - base) as u32, ..compact_rule(row.rule) };
@@ -109,5 +116,15 @@ mod tests {
             assert!(page.first <= covering && covering < page.end, "address {address}: row {covering} not in {page:?}");
             assert!(page.end as usize <= rows.len(), "address {address}: {page:?} runs past the table");
         }
+    }
+
+    /// Two rows 4 GiB apart would need an index entry per 512 bytes between them (64 MB): the
+    /// table is refused before that is allocated.
+    #[test]
+    fn a_table_whose_rows_lie_far_apart_is_refused_before_its_index_is_built() {
+        let row = |address| super::super::table::Row { address, rule: Rule::NoInfo };
+        let table = UnwindTable { rows: vec![row(0), row(u32::MAX as u64)], source: "crafted", segments: Vec::new() };
+        let error = CompactTable::of(table).err().expect("a crafted table is refused");
+        assert!(error.to_string().contains("index pages"), "{error}");
     }
 }

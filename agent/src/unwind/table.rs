@@ -103,7 +103,7 @@ impl UnwindTable {
         let plt: Vec<Range<u64>> = file
             .sections()
             .filter(|s| s.name().is_ok_and(|n| n.starts_with(".plt")))
-            .map(|s| s.address()..s.address() + s.size())
+            .map(|s| s.address()..s.address().saturating_add(s.size()))
             .collect();
         let text = file.section_by_name(".text").map_or(0, |s| s.address());
         let functions = functions(&file);
@@ -217,7 +217,7 @@ pub fn executable_segments(file: &object::File) -> Vec<Segment> {
     let executable = |s: &object::Segment| matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
     let segments = file.segments().filter(executable).map(|s| {
         let (offset, size) = s.file_range();
-        Segment { address: s.address(), file_range: (offset, offset + size) }
+        Segment { address: s.address(), file_range: (offset, offset.saturating_add(size)) }
     });
     segments.collect()
 }
@@ -226,7 +226,7 @@ impl Segment {
     /// The virtual address (as in the file) of the byte at `file_offset`, if this segment
     /// holds it.
     pub fn address_of(&self, file_offset: u64) -> Option<u64> {
-        (self.file_range.0..self.file_range.1).contains(&file_offset).then(|| file_offset - self.file_range.0 + self.address)
+        (self.file_range.0..self.file_range.1).contains(&file_offset).then(|| (file_offset - self.file_range.0).wrapping_add(self.address))
     }
 }
 

@@ -34,7 +34,7 @@ pub struct Interpreter {
 /// the file) holds it in the file.
 fn file_offset(segments: &[(u64, u64, u64)], address: u64) -> Option<u64> {
     let &(start, offset, _) = segments.iter().find(|&&(start, _, size)| (start..start.saturating_add(size)).contains(&address))?;
-    Some(offset + (address - start))
+    offset.checked_add(address - start)
 }
 
 /// The minor version (of 3.x) a file's name says: `python3.11`, `libpython3.9.so.1.0`,
@@ -99,7 +99,7 @@ impl Interpreter {
             .into_iter()
             .filter_map(|range| {
                 let start = file_offset(range.start)?;
-                Some(start..start + (range.end - range.start))
+                Some(start..start.saturating_add(range.end - range.start))
             })
             .collect();
         eval.sort_by_key(|r| r.start);

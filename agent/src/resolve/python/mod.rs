@@ -17,7 +17,10 @@ use std::{
 
 use agent_common::{python_frame, PythonProcess};
 
-use super::binary::Binary;
+use super::{
+    binary::Binary,
+    untrusted::{read_with, Refused},
+};
 use crate::ops::metrics;
 use code::{read_code, CodeInfo, CodeLayout};
 use detect::{minor_from_name, Interpreter};
@@ -183,6 +186,20 @@ impl Process {
     }
 }
 
+/// Entry points for the fuzz targets: the parsers of what a Python process shapes.
+#[cfg(fuzzing)]
+pub mod fuzzing {
+    pub use super::{
+        debug_offsets::parse as debug_offsets,
+        lines::{linetable_310_line, lnotab_line, location_table_line},
+    };
+
+    /// Whether a file holds a CPython 3.`minor` interpreter the walk can be told of.
+    pub fn examine(file: &std::fs::File, minor: u8) -> bool {
+        matches!(super::detect::Interpreter::examine(file, minor), Ok(Some(_)))
+    }
+}
+
 fn unnamed(what: &str) -> Arc<PythonFrame> {
     Arc::new(PythonFrame { name: what.into(), file: "".into(), line: 0 })
 }
@@ -195,9 +212,15 @@ fn examine(binary: &Binary, minor: u8) -> Option<Arc<Interpreter>> {
         metrics::add("ember_python_unknown_versions_total", &[], 1.0);
         return None;
     }
-    match Interpreter::examine(&binary.file, minor) {
-        Ok(found) => found.map(Arc::new),
-        Err(e) => {
+    let examined = binary.file.try_clone().map_err(Refused::from).and_then(|file| read_with(binary.served, move || Interpreter::examine(&file, minor)));
+    match examined {
+        Ok(Ok(found)) => found.map(Arc::new),
+        Err(refused) => {
+            tracing::warn!(path = binary.path, "not read as CPython 3.{minor}: {}", refused.reason());
+            metrics::add("ember_python_unknown_versions_total", &[], 1.0);
+            None
+        }
+        Ok(Err(e)) => {
             tracing::warn!(path = binary.path, "not read as CPython 3.{minor}: {e:#}");
             metrics::add("ember_python_unknown_versions_total", &[], 1.0);
             None
