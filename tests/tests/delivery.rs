@@ -78,6 +78,14 @@ fn spool_overflow_during_an_outage_drops_the_oldest_counts_them_and_delivers_the
     assert_eq!(held_sequences(&data), expected, "{dropped} dropped");
 }
 
+/// A spool file as the agent writes it: "EMBSPL", the format's version "01", the profile's
+/// length and CRC-32 (little-endian), then the profile.
+fn spool_file(profile: &Profile) -> Vec<u8> {
+    let body = profile.encode_to_vec();
+    let header = [&b"EMBSPL01"[..], &(body.len() as u32).to_le_bytes(), &crc32fast::hash(&body).to_le_bytes()].concat();
+    [header, body].concat()
+}
+
 #[test]
 fn a_refused_profile_in_the_middle_of_a_batch_is_dropped_alone_and_counted() {
     require_root();
@@ -96,7 +104,7 @@ fn a_refused_profile_in_the_middle_of_a_batch_is_dropped_alone_and_counted() {
             labels: HashMap::new(),
             pprof_gzip: empty_pprof_gzip(),
         };
-        std::fs::write(spool.join(format!("{sequence:020}.profile")), profile.encode_to_vec()).unwrap();
+        std::fs::write(spool.join(format!("{sequence:020}.profile")), spool_file(&profile)).unwrap();
     }
     std::fs::write(spool.join("next-sequence"), "6").unwrap();
     let collector = CollectorProcess::start(address, &data);
