@@ -1,17 +1,14 @@
 //! Entry points for the fuzz targets (`cargo xtask fuzz`, built with `--cfg fuzzing`): each
 //! feeds arbitrary bytes to one surface where the agent reads input it does not control, and
 //! checks what must hold for any input. A panic, a hang or a failed check is a crash.
-use std::{
-    fs::File,
-    io::Write as _,
-    os::fd::{AsRawFd as _, FromRawFd as _},
-    path::Path,
-};
+use std::{os::fd::AsRawFd as _, path::Path};
 
 use crate::{
     duration::parse_duration,
     kernel::{tracefs::Format, Btf},
-    resolve::{build_id_of, from_cgroup_path, own_pid, parse_stat, pods::Pods, python_parsers as python, relabel::Relabeler, MapsLine, PerfMap},
+    resolve::{
+        build_id_of, from_cgroup_path, memory_file, own_pid, parse_stat, pods::Pods, python_parsers as python, relabel::Relabeler, MapsLine, PerfMap,
+    },
     settings::FileConfig,
     symbolize::{examine_bytes, SymbolIndex},
     unwind::{CompactTable, UnwindTable},
@@ -85,7 +82,7 @@ pub fn unwind_table(data: &[u8]) {
 /// symbols looked up at addresses from the input, what naming from it would parse, its
 /// debug link, and whether it holds a CPython interpreter.
 pub fn elf_file(data: &[u8]) {
-    let file = memory_file(data);
+    let file = memory_file(c"fuzz", data).expect("a memory file");
     let _ = build_id_of(&file);
     if let Some(index) = SymbolIndex::build(Path::new(&format!("/proc/self/fd/{}", file.as_raw_fd()))) {
         let probes = data.chunks_exact(8).take(16).map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")));
@@ -141,16 +138,6 @@ pub fn kubernetes_pod(data: &[u8]) {
             assert!(!key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'), "label {key:?}");
         }
     }
-}
-
-/// A file in memory holding `data` (the readers here take a file).
-fn memory_file(data: &[u8]) -> File {
-    // SAFETY: memfd_create with a NUL-terminated name; the descriptor is owned from here.
-    let fd = unsafe { libc::memfd_create(c"fuzz".as_ptr(), libc::MFD_CLOEXEC) };
-    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
-    let mut file = unsafe { File::from_raw_fd(fd) };
-    file.write_all(data).expect("writing a memory file");
-    file
 }
 
 fn split_at_nul(data: &[u8]) -> (&[u8], &[u8]) {

@@ -31,7 +31,7 @@ pub use targets::Targets;
 #[cfg(fuzzing)]
 pub use {maps_line::MapsLine, targets::from_cgroup_path};
 #[cfg(fuzzing)]
-pub(crate) use {life::parse_stat, perf_map::{own_pid, PerfMap}, python::fuzzing as python_parsers};
+pub(crate) use {life::parse_stat, perf_map::{own_pid, PerfMap}, python::fuzzing as python_parsers, vdso::memory_file};
 
 use crate::{
     kernel::{tracefs::Format, Announcements, KernelSettings, Sampler},

@@ -26,13 +26,18 @@ fn copy() -> io::Result<(File, u64)> {
     let vdso = maps.lines().filter_map(MapsLine::parse).find(|l| l.path == "[vdso]").ok_or(io::ErrorKind::NotFound)?;
     // SAFETY: the vDSO stays mapped, readable, in this process for its whole life.
     let bytes = unsafe { std::slice::from_raw_parts(vdso.start as *const u8, (vdso.end - vdso.start) as usize) };
+    Ok((memory_file(c"ember-vdso", bytes)?, bytes.len() as u64))
+}
+
+/// A file in memory (memfd) holding `bytes`: for readers that take a file.
+pub fn memory_file(name: &std::ffi::CStr, bytes: &[u8]) -> io::Result<File> {
     // SAFETY: memfd_create with a NUL-terminated name; the fd it returns is owned by nothing else.
-    let fd = unsafe { libc::memfd_create(c"ember-vdso".as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: a fresh descriptor.
     let mut file = unsafe { File::from_raw_fd(fd) };
     file.write_all(bytes)?;
-    Ok((file, bytes.len() as u64))
+    Ok(file)
 }

@@ -7,7 +7,7 @@ use agent_common::{entry_kind, position_kind, PythonLayout};
 
 use super::{
     code::{code_layout, CodeLayout},
-    versions::Offsets,
+    versions::{self, Offsets},
 };
 
 /// Bytes read: up to the last group used (`str`).
@@ -55,7 +55,7 @@ pub fn parse(bytes: &[u8], minor: u8) -> Result<Offsets> {
     ensure!(&bytes[..8] == b"xdebugpy", "_PyRuntime does not start with _Py_DebugOffsets");
     let words: Vec<u64> = bytes[8..BYTES].chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes"))).collect();
     let version = words[word::VERSION];
-    if version >> 24 != 3 || (version >> 16) & 0xff != u64::from(minor) {
+    if !versions::is_minor(version, minor) {
         bail!("named for CPython 3.{minor}, but its _Py_DebugOffsets are for version {version:#x}");
     }
     ensure!(words[word::FREE_THREADED] == 0, "a free-threaded build: its objects are not laid out as the walk reads them");

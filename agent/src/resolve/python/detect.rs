@@ -84,7 +84,7 @@ impl Interpreter {
         if let Some(offset) = version.and_then(file_offset) {
             let bytes = cache.read_bytes_at(offset, 4).ok().context("reading Py_Version")?;
             let hex = u32::from_le_bytes(bytes.try_into().context("reading Py_Version")?);
-            if hex >> 24 != 3 || (hex >> 16) & 0xff != u32::from(minor) {
+            if !versions::is_minor(hex.into(), minor) {
                 bail!("named for CPython 3.{minor}, but its Py_Version is {hex:#x}");
             }
         }

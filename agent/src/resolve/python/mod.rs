@@ -1,8 +1,8 @@
 //! Python frames. CPython is found in a process's files (`detect`, with each version's
-//! offsets from `versions` or, where it publishes them, `debug_offsets`) and told to the walk, which records each Python frame as its code
-//! object and position; here they are named from the process's memory (`memory`, `code`,
-//! `lines`), and the evaluation loop's native frames are told apart, where the interval puts
-//! each run's Python frames.
+//! offsets from `versions` or, where it publishes them, `debug_offsets`) and told to the
+//! walk, which records each Python frame as its code object and position; here they are named
+//! from the process's memory (`memory`, `code`, `lines`), and the evaluation loop's native
+//! frames are told apart, where the interval puts each run's Python frames.
 mod code;
 mod debug_offsets;
 mod detect;

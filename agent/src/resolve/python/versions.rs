@@ -9,6 +9,12 @@ use super::code::{code_layout, CodeLayout};
 /// Versions (minor, of 3.x) the walk knows; any other is reported and not walked.
 pub const KNOWN: std::ops::RangeInclusive<u8> = 6..=13;
 
+/// Whether `hex` (`PY_VERSION_HEX`, as `Py_Version` and `_Py_DebugOffsets` carry it) is of
+/// CPython 3.`minor`.
+pub fn is_minor(hex: u64, minor: u8) -> bool {
+    hex >> 24 == 3 && (hex >> 16) & 0xff == u64::from(minor)
+}
+
 /// The first version whose offsets are read from the interpreter (`_Py_DebugOffsets`).
 pub const PUBLISHES_OFFSETS: u8 = 13;
 
