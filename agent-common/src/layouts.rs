@@ -59,4 +59,15 @@ pub struct TaskLayout {
     pub start_stack: u32,
     /// `thread.fsbase`: the user thread pointer (x86-64), which `pthread_self()` returns.
     pub fsbase: u32,
+    /// In `struct mm_struct`: `start_code` and `end_code` (the executable's code as loaded)
+    /// and `exe_file`; in `struct file`, `f_inode`; in `struct inode`, `i_ino` and `i_sb`; in
+    /// `struct super_block`, `s_dev`: which file the process runs, and where its code is.
+    pub start_code: u32,
+    pub end_code: u32,
+    pub exe_file: u32,
+    pub f_inode: u32,
+    pub i_ino: u32,
+    pub i_sb: u32,
+    pub s_dev: u32,
+    pub _pad: u32,
 }

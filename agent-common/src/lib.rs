@@ -17,7 +17,7 @@ pub use counters::{counter, run};
 pub use layouts::{AreaLayout, FieldLayout, SwitchLayout, TaskLayout};
 pub use network::{attribution, SocketOwner};
 pub use offcpu::{block_state, OffCpuStart};
-pub use process::ProcessEvent;
+pub use process::{ExeImage, ProcessEvent};
 pub use python::{
     entry_kind, position_kind, python_frame, python_stop, PythonLayout, PythonProcess, MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS,
 };

@@ -7,7 +7,9 @@ pub struct ProcessEvent {
     pub tgid: u32,
     /// The life of the pid announced (`SampleKey::process_tag`).
     pub tag: u16,
-    pub _pad: u16,
+    /// 1 when sent at exec, before the loader has mapped the libraries; else 0.
+    pub at_exec: u8,
+    pub _pad: u8,
     /// 0 for a process seen for the first time or after exec. Else a pc where a user-stack
     /// walk ended outside every mapping userspace gave the walker: code mapped since they
     /// were read (a library loaded with dlopen) if no mapping userspace knows holds it.
@@ -20,4 +22,24 @@ pub struct ProcessEvent {
     /// announced from another task's context. An exec maps a new stack, at a random place:
     /// userspace checks it to not read the mappings of a program exec'd since for this life.
     pub start_stack: u64,
+    /// The executable the process runs and where its code is, or zeros when announced from
+    /// another task's context.
+    pub exe: ExeImage,
+    /// The process's name, or zeros when announced from another task's context.
+    pub comm: [u8; crate::COMM_LEN],
+}
+
+/// The executable a process runs, as the kernel loaded it: enough to tell the walker where
+/// its code is before any of /proc is read.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExeImage {
+    /// `mm->start_code`: the load address of the lowest executable segment's first byte.
+    pub code_start: u64,
+    /// `mm->end_code`: the end of the highest executable segment's file bytes.
+    pub code_end: u64,
+    pub inode: u64,
+    /// The file system's device, as the kernel encodes it (major << 20 | minor).
+    pub dev: u32,
+    pub _pad: u32,
 }

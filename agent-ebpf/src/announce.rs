@@ -1,6 +1,6 @@
 //! Telling userspace about processes: when one is first seen (so that its mappings are read
 //! while it runs), and when a walk meets code outside the mappings it was given.
-use agent_common::{counter, ProcessEvent};
+use agent_common::{counter, ExeImage, ProcessEvent, COMM_LEN};
 use aya_ebpf::{
     bindings::{BPF_EXIST, BPF_NOEXIST},
     helpers::bpf_get_current_pid_tgid,
@@ -10,7 +10,7 @@ use aya_ebpf::{
 
 use crate::{
     buffers::{bump, BufferSet},
-    task::{current_life, current_stack_start},
+    task::{current_comm, current_exe, current_life, current_stack_start},
 };
 
 /// Processes userspace has been told about, and when (`told`); a miss sends a `ProcessEvent`.
@@ -51,8 +51,7 @@ pub fn announce_process(tgid: u32, tag: u16, stage: u8, set: &BufferSet) {
     // another task: a socket's last sender).
     let (current_tag, start) = current_life();
     let own = (bpf_get_current_pid_tgid() >> 32) as u32 == tgid && current_tag == tag;
-    let (start_ns, start_stack) = if own { (start, current_stack_start()) } else { (0, 0) };
-    if PROCESS_EVENTS.output::<ProcessEvent>(&ProcessEvent { tgid, tag, _pad: 0, pc: 0, start_ns, start_stack }, 0).is_err() {
+    if !send(tgid, tag, stage == told::AT_EXEC, 0, own.then_some(start)) {
         let _ = KNOWN_TGIDS.remove(&tgid);
         bump(set, counter::PROCESS_EVENT_LOST);
     }
@@ -80,9 +79,40 @@ pub fn announce_unmapped(tgid: u32, tag: u16, pc: u64, set: &BufferSet) {
     }
     let _ = UNMAPPED_TOLD.insert(&region, &told, 0);
     // The walk was the current task's. (Its life is the one its samples are keyed by.)
-    let start_ns = current_life().1;
-    let start_stack = current_stack_start();
-    if PROCESS_EVENTS.output::<ProcessEvent>(&ProcessEvent { tgid, tag, _pad: 0, pc, start_ns, start_stack }, 0).is_err() {
+    if !send(tgid, tag, false, pc, Some(current_life().1)) {
         bump(set, counter::PROCESS_EVENT_LOST);
     }
+}
+
+/// Sends a `ProcessEvent`, written in place in the ring buffer (the programs that announce
+/// have little stack to spare). `own_start`: the process's start if the current task is
+/// the process, which then tells its stack, executable and name too. False if it is full.
+#[inline(always)]
+fn send(tgid: u32, tag: u16, at_exec: bool, pc: u64, own_start: Option<u64>) -> bool {
+    let Some(mut entry) = PROCESS_EVENTS.reserve::<ProcessEvent>(0) else { return false };
+    let event = entry.as_mut_ptr();
+    // SAFETY: the entry is reserved for a ProcessEvent, and every field is written below.
+    unsafe {
+        (*event).tgid = tgid;
+        (*event).tag = tag;
+        (*event).at_exec = at_exec as u8;
+        (*event)._pad = 0;
+        (*event).pc = pc;
+        match own_start {
+            Some(start) => {
+                (*event).start_ns = start;
+                (*event).start_stack = current_stack_start();
+                (*event).exe = current_exe();
+                (*event).comm = current_comm();
+            }
+            None => {
+                (*event).start_ns = 0;
+                (*event).start_stack = 0;
+                (*event).exe = ExeImage::default();
+                (*event).comm = [0; COMM_LEN];
+            }
+        }
+    }
+    entry.submit(0);
+    true
 }

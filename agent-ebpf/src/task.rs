@@ -1,6 +1,6 @@
 //! The current task as a sample key sees it: which life of its pid its process is in, where
 //! its stack starts, its name. Read through typed (BTF) pointers at offsets the loader sets.
-use agent_common::{TaskLayout, COMM_LEN};
+use agent_common::{ExeImage, TaskLayout, COMM_LEN};
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, generated::bpf_get_current_task_btf},
     macros::map,
@@ -10,7 +10,23 @@ use aya_ebpf::{
 use crate::config::config;
 
 #[no_mangle]
-pub static TASK_LAYOUT: TaskLayout = TaskLayout { group_leader: 0, start_boottime: 0, self_exec_id: 0, comm: 0, mm: 0, start_stack: 0, fsbase: 0 };
+pub static TASK_LAYOUT: TaskLayout = TaskLayout {
+    group_leader: 0,
+    start_boottime: 0,
+    self_exec_id: 0,
+    comm: 0,
+    mm: 0,
+    start_stack: 0,
+    fsbase: 0,
+    start_code: 0,
+    end_code: 0,
+    exe_file: 0,
+    f_inode: 0,
+    i_ino: 0,
+    i_sb: 0,
+    s_dev: 0,
+    _pad: 0,
+};
 
 /// Per tgid, how many times the process mapped something where its code was since its exec
 /// (`area_placed`): each time starts a life of its own. Few processes do. (Preallocated, as
@@ -45,6 +61,27 @@ pub fn current_stack_start() -> u64 {
         let task = bpf_get_current_task_btf() as *const u8;
         let mm = *(task.add(layout.mm as usize) as *const *const u8);
         *(mm.add(layout.start_stack as usize) as *const u64)
+    }
+}
+
+/// The executable the current process runs, and where its code is (zeros for a kernel
+/// thread: loads through a null typed pointer read 0).
+#[inline(always)]
+pub fn current_exe() -> ExeImage {
+    let layout = config(&TASK_LAYOUT);
+    unsafe {
+        let task = bpf_get_current_task_btf() as *const u8;
+        let mm = *(task.add(layout.mm as usize) as *const *const u8);
+        let file = *(mm.add(layout.exe_file as usize) as *const *const u8);
+        let inode = *(file.add(layout.f_inode as usize) as *const *const u8);
+        let sb = *(inode.add(layout.i_sb as usize) as *const *const u8);
+        ExeImage {
+            code_start: *(mm.add(layout.start_code as usize) as *const u64),
+            code_end: *(mm.add(layout.end_code as usize) as *const u64),
+            inode: *(inode.add(layout.i_ino as usize) as *const u64),
+            dev: *(sb.add(layout.s_dev as usize) as *const u32),
+            _pad: 0,
+        }
     }
 }
 

@@ -71,8 +71,10 @@ pub fn main() -> ExitCode {
     bound_the_heap();
     let cli = Cli::parse();
     init_logging(&cli.log_format);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+    // One thread: the kernel's announcements wake the thread that reads them, and nothing
+    // hands the wake-up on. Long work that must not hold the status server or the shippers
+    // up meanwhile goes to the blocking pool (loading the programs) or the pipeline thread.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("starting the tokio runtime");

@@ -49,7 +49,10 @@ pub async fn run(settings: RunSettings) -> Result<()> {
     };
     let debuginfod = symbolize::start_debuginfod(&settings.symbols);
     let prefetch = debuginfod.clone().map(|d| symbolize::prefetcher(&settings.symbols, d));
-    let mut resolver = Resolver::start(&settings.kernel, Targets::new(pods, settings.relabel), prefetch)?;
+    // Loading takes a second or more (tables of every running process): off this thread, so
+    // that the status server answers meanwhile.
+    let (kernel, targets) = (settings.kernel.clone(), Targets::new(pods, settings.relabel));
+    let mut resolver = tokio::task::spawn_blocking(move || Resolver::start(&kernel, targets, prefetch)).await.context("loading the programs")??;
     let mut governor = settings.cpu_budget.map(|budget| Governor::start(budget, resolver.sampler(), settings.kernel.event.is_clock()));
     governor::publish(resolver.sampler().rates());
     health.set_ready();

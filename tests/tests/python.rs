@@ -33,10 +33,11 @@ fn split_findings(name: &str, samples: &[Sample], run: &FixtureRun) -> (String, 
     let all = total(&|_| true);
     let with_python = total(&|s| s.frames.iter().any(|f| f.mapping == "[python]"));
     let (a, b) = (total(&|s| python_frame(s, "hot_a").is_some()), total(&|s| python_frame(s, "hot_b").is_some()));
-    let ordered = total(&|s| {
+    let in_order = |s: &Sample| {
         let hot = python_frame(s, "hot_a").or(python_frame(s, "hot_b"));
         matches!((hot, python_frame(s, "dispatch"), python_frame(s, "<module>")), (Some(h), Some(d), Some(m)) if h < d && d < m)
-    });
+    };
+    let ordered = total(&in_order);
     let truth = run.lines[0][1] as f64 / run.lines[0][0] as f64;
     let share = a as f64 / (a + b).max(1) as f64;
     let line = format!("{name}: {all} samples, {with_python} with Python frames, hot_a {a} hot_b {b} ({share:.3}, truth {truth:.3}), {ordered} in order");
@@ -48,7 +49,10 @@ fn split_findings(name: &str, samples: &[Sample], run: &FixtureRun) -> (String, 
         problems.push("hot_a's share is not the fixture's".to_string());
     }
     if (ordered as f64) < 0.95 * (a + b) as f64 {
-        problems.push("hot_* not under dispatch under <module>".to_string());
+        let mut others: Vec<&Sample> = samples.iter().filter(|s| !in_order(s)).collect();
+        others.sort_by_key(|s| -s.values[0]);
+        let shown: Vec<String> = others.iter().take(3).map(|s| format!("{} x {}", s.values[0], s.frames.iter().map(|f| format!("{}[{}]", f.function, f.mapping)).collect::<Vec<_>>().join(" < "))).collect();
+        problems.push(format!("hot_* not under dispatch under <module>; the heaviest other stacks: {}", shown.join(" | ")));
     }
     (line, problems)
 }

@@ -31,6 +31,14 @@ pub(super) fn task_layout(btf: &Btf) -> Result<TaskLayout> {
         mm: btf.member_offset("task_struct", "mm")?,
         start_stack: btf.member_offset("mm_struct", "start_stack")?,
         fsbase: btf.member_offset("task_struct", "thread")? + btf.member_offset("thread_struct", "fsbase")?,
+        start_code: btf.member_offset("mm_struct", "start_code")?,
+        end_code: btf.member_offset("mm_struct", "end_code")?,
+        exe_file: btf.member_offset("mm_struct", "exe_file")?,
+        f_inode: btf.member_offset("file", "f_inode")?,
+        i_ino: btf.member_offset("inode", "i_ino")?,
+        i_sb: btf.member_offset("inode", "i_sb")?,
+        s_dev: btf.member_offset("super_block", "s_dev")?,
+        _pad: 0,
     })
 }
 

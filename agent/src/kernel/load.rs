@@ -203,7 +203,7 @@ impl Sampler {
             Array::try_from(take(&mut ebpf, names::MAPPINGS)?)?,
             BpfHashMap::try_from(take(&mut ebpf, names::PROCESS_MAPPINGS)?)?,
             BpfHashMap::try_from(take(&mut ebpf, names::PYTHON_PROCESSES)?)?,
-        );
+        )?;
         let barrier = ProgramBarrier::new(active.map().fd().as_fd().as_raw_fd())?;
         let sampler = Sampler {
             ebpf: Some(ebpf),

@@ -1,12 +1,16 @@
 //! The walker's inputs in the kernel: the array every loaded unwind table's rows live in, the
 //! array of processes' executable mappings, where each process's mappings are, and each
-//! CPython process's interpreter. The
-//! unwind stage decides what goes where; this only writes. Both arrays are written through a
-//! shared mapping (one copy, not one syscall per entry).
+//! CPython process's interpreter. The unwind stage decides what goes where; this only writes.
+//! The arrays are written through shared mappings (one copy, not one syscall per entry): the
+//! mappings array, written for every process loaded, through one kept for good (a mapping
+//! made and unmade per write cost more than the copy, its unmap an interrupt to every CPU
+//! running the agent); the row and page arrays, written once per table and far larger,
+//! through one made per write, so that their pages do not stay in the agent's memory.
 use std::os::fd::{AsFd as _, AsRawFd as _};
 
 use agent_common::{ExecMapping, PageRows, ProcessMappings, PythonProcess, UnwindRow};
 use anyhow::{bail, Context as _, Result};
+use memmap2::{MmapOptions, MmapRaw};
 use aya::{
     maps::{Array, HashMap as BpfHashMap, IterableMap as _, MapData},
     Pod,
@@ -16,6 +20,8 @@ pub struct UnwindMaps {
     rows: Array<MapData, UnwindRow>,
     pages: Array<MapData, PageRows>,
     mappings: Array<MapData, ExecMapping>,
+    /// The whole mappings array, mapped shared.
+    mappings_window: MmapRaw,
     processes: BpfHashMap<MapData, u32, ProcessMappings>,
     pythons: BpfHashMap<MapData, u32, PythonProcess>,
 }
@@ -27,8 +33,11 @@ impl UnwindMaps {
         mappings: Array<MapData, ExecMapping>,
         processes: BpfHashMap<MapData, u32, ProcessMappings>,
         pythons: BpfHashMap<MapData, u32, PythonProcess>,
-    ) -> UnwindMaps {
-        UnwindMaps { rows, pages, mappings, processes, pythons }
+    ) -> Result<UnwindMaps> {
+        let bytes = (mappings.len() as usize * size_of::<ExecMapping>()).div_ceil(page_size()) * page_size();
+        let fd = mappings.map().fd().as_fd().as_raw_fd();
+        let mappings_window = MmapOptions::new().len(bytes).map_raw(fd).context("mapping the process mappings array")?;
+        Ok(UnwindMaps { rows, pages, mappings, mappings_window, processes, pythons })
     }
 
     /// Rows the row array holds (the table memory budget).
@@ -54,7 +63,15 @@ impl UnwindMaps {
     /// Writes mappings from index `first`. Programs must not read these yet (the caller
     /// points processes at them afterwards).
     pub fn write_mappings(&mut self, first: u32, mappings: &[ExecMapping]) -> Result<()> {
-        write(&self.mappings, first, mappings).context("writing process mappings")
+        const { assert!(size_of::<ExecMapping>() % 8 == 0) };
+        check_room(&self.mappings, first, mappings.len())?;
+        // SAFETY: within the array (checked), which the window maps whole; ExecMapping is
+        // plain data, 8-byte aligned as the kernel lays the elements out.
+        unsafe {
+            let destination = self.mappings_window.as_mut_ptr().cast::<ExecMapping>().add(first as usize);
+            std::ptr::copy_nonoverlapping(mappings.as_ptr(), destination, mappings.len());
+        }
+        Ok(())
     }
 
     /// Points a process at its mappings.
@@ -90,9 +107,7 @@ fn write<T: Pod>(array: &Array<MapData, T>, first: u32, items: &[T]) -> Result<(
     // The kernel lays array elements out 8-byte aligned: only then is this the element stride.
     const { assert!(size_of::<T>() % 8 == 0) };
     let size = size_of::<T>();
-    if first as usize + items.len() > array.len() as usize {
-        bail!("entries {first}+{} are beyond the array's {}", items.len(), array.len());
-    }
+    check_room(array, first, items.len())?;
     if items.is_empty() {
         return Ok(());
     }
@@ -121,6 +136,13 @@ fn write<T: Pod>(array: &Array<MapData, T>, first: u32, items: &[T]) -> Result<(
     unsafe {
         std::ptr::copy_nonoverlapping(items.as_ptr().cast::<u8>(), window.cast::<u8>().add(start - window_start), items.len() * size);
         libc::munmap(window, window_len);
+    }
+    Ok(())
+}
+
+fn check_room<T: Pod>(array: &Array<MapData, T>, first: u32, count: usize) -> Result<()> {
+    if first as usize + count > array.len() as usize {
+        bail!("entries {first}+{count} are beyond the array's {}", array.len());
     }
     Ok(())
 }

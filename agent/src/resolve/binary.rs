@@ -3,7 +3,7 @@
 //! symbolizes.
 use std::{fs::File, os::fd::AsRawFd, path::PathBuf};
 
-use crate::unwind::TableKey;
+use crate::unwind::{executable_segments, TableKey};
 
 /// An executable file mapped by some process, kept open for symbolization.
 #[derive(Debug)]
@@ -11,6 +11,9 @@ pub struct Binary {
     /// Path as the process saw it (for display and pprof mapping names).
     pub path: String,
     pub build_id: Option<String>,
+    /// The lowest executable segment's (virtual address, file offset): where a process that
+    /// runs the file has its code, from where the kernel says it loaded it.
+    pub code_segment: Option<(u64, u64)>,
     /// (device, inode): identifies the file across processes.
     pub id: (u64, u64),
     pub size: u64,
@@ -27,7 +30,7 @@ impl Binary {
         use std::os::unix::fs::MetadataExt;
         let file = File::open(path).expect("opening a test binary");
         let meta = file.metadata().expect("its metadata");
-        Binary { path: path.to_string(), build_id: None, id: (meta.dev(), meta.ino()), size: meta.len(), file, served: false }
+        Binary { path: path.to_string(), build_id: None, code_segment: None, id: (meta.dev(), meta.ino()), size: meta.len(), file, served: false }
     }
 
     /// A path that reaches this exact file from the agent, whatever happens to the original.
@@ -52,13 +55,28 @@ impl Binary {
 /// debug info then).
 pub type BinaryOpened = Box<dyn FnMut(&Binary) + Send>;
 
-/// The GNU build id of the ELF file `file`, in hex: read from its notes through bounded
-/// reads of the file (a crafted file's offsets are checked, never trusted).
-pub fn build_id_of(file: &File) -> Option<String> {
+/// What Ember keeps of a binary's ELF headers.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ElfFacts {
+    pub build_id: Option<String>,
+    pub code_segment: Option<(u64, u64)>,
+}
+
+/// The GNU build id (in hex) and lowest executable segment of the ELF file `file`: read
+/// through bounded reads of the file (a crafted file's offsets are checked, never trusted).
+pub fn elf_facts(file: &File) -> ElfFacts {
     use object::Object as _;
     let cache = object::read::ReadCache::new(file);
-    let id = object::File::parse(&cache).ok()?.build_id().ok().flatten()?;
-    (!id.is_empty()).then(|| id.iter().map(|b| format!("{b:02x}")).collect())
+    let Ok(elf) = object::File::parse(&cache) else { return ElfFacts::default() };
+    let id = elf.build_id().ok().flatten().filter(|id| !id.is_empty());
+    let build_id = id.map(|id| id.iter().map(|b| format!("{b:02x}")).collect());
+    let code_segment = executable_segments(&elf).iter().min_by_key(|s| s.address).map(|s| (s.address, s.file_range.0));
+    ElfFacts { build_id, code_segment }
+}
+
+/// The GNU build id of the ELF file `file`, in hex (`elf_facts`).
+pub fn build_id_of(file: &File) -> Option<String> {
+    elf_facts(file).build_id
 }
 
 /// Raises the open-file limit to its hard limit: the table keeps every mapped binary open, and

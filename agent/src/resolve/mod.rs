@@ -3,6 +3,7 @@
 //! resolved interval of processes, cgroup labels and binary offsets. The commands call it.
 mod binary;
 mod cgroups;
+mod code_areas;
 mod interval;
 mod life;
 mod maps_line;
@@ -89,8 +90,6 @@ impl Resolver {
         for tgid in running {
             resolver.processes.capture(tgid, None);
         }
-        // Kernel threads have no mappings: not processes that exited unread.
-        resolver.processes.take_unread();
         resolver.load_unwind_tables();
         Ok(resolver)
     }
@@ -112,7 +111,9 @@ impl Resolver {
             // it (the programs tell each megabyte once per interval and life).
             let read = event.pc == 0 || !self.processes.holds(event.tgid, event.tag, event.pc);
             tracing::debug!(tgid = event.tgid, tag = event.tag, pc = format_args!("{:#x}", event.pc), read, "process announced");
-            if read {
+            // At exec, what the kernel told of the executable may be enough: no /proc read.
+            let told = event.at_exec == 1 && read && self.processes.capture_exec(event.tgid, event.tag, &event.exe, &event.comm);
+            if read && !told {
                 self.processes.capture(event.tgid, Some(Life { tag: event.tag, start_ns: event.start_ns, start_stack: event.start_stack }));
             }
         }

@@ -10,15 +10,17 @@ use std::{
 };
 
 use super::{
-    binary::{build_id_of, Binary, BinaryOpened},
+    binary::{elf_facts, Binary, BinaryOpened, ElfFacts},
+    code_areas::{self, CodeArea},
     life::Life,
-    maps_line::MapsLine,
     open::{MappedId, Unopened, open_mapped},
     perf_map::{JitSymbol, PerfMap},
     proc_dir,
     untrusted::{self, Refused},
     vdso,
 };
+use agent_common::ExeImage;
+
 use crate::{
     ops::metrics,
     unwind::{MappedFile, TableKey},
@@ -113,8 +115,9 @@ pub struct ProcessTable {
     /// overlayfs or btrfs, whose maps show another device): found again without opening
     /// anything. An inode cannot be reused while the binary holds it open.
     by_mapped: HashMap<MappedId, Weak<Binary>>,
-    /// Processes of this interval whose mappings could not be read, the last time that was
-    /// tried: they exited first, their frames stay unnamed, and they are counted.
+    /// Sampled processes of this interval whose mappings were never read: they exited first,
+    /// their frames stay unnamed, and they are counted. (A process that exited unread and
+    /// unsampled lost nothing.)
     unread: HashSet<u32>,
     /// Processes captured since the last `take_captured`: their unwind mappings are due.
     captured: Vec<u32>,
@@ -123,9 +126,6 @@ pub struct ProcessTable {
     opened: Option<BinaryOpened>,
 }
 
-/// Bytes of /proc/<pid>/maps read at most: 65,530 mappings (the kernel's default limit) with
-/// short paths; past it, the mappings listed last are left out and counted.
-const MAX_MAPS_BYTES: usize = 16 << 20;
 /// Refused files remembered at most.
 const MAX_REFUSED: usize = 4096;
 
@@ -140,30 +140,45 @@ impl ProcessTable {
         // A process that has exited but is not reaped yet reads as no mappings at all: that
         // is not its mappings, and must not replace the ones captured while it ran (it may be
         // announced again while it exits).
+        // A file already open needs no path: only its identity is asked for.
+        let known = |file: &MappedId| self.by_mapped.get(file).is_some_and(|b| b.strong_count() > 0);
         let shown = proc_dir::first_showing(tgid, |dir| {
-            let maps = untrusted::read_proc(&dir.join("maps"), MAX_MAPS_BYTES).ok()?;
-            (!maps.is_empty()).then(|| (dir.to_path_buf(), maps))
+            let areas = code_areas::read(dir, |file| !known(file)).ok()?;
+            (!areas.is_empty()).then(|| (dir.to_path_buf(), areas))
         });
-        let Some((dir, maps)) = shown else {
-            if !self.processes.contains_key(&tgid) {
-                self.unread.insert(tgid);
-            }
-            return false;
-        };
+        let Some((dir, areas)) = shown else { return false };
         // Announced, then gone before it was read, and its pid taken by a new process: these
         // are not its mappings.
         if life.is_some_and(|life| !life.still_holds(tgid)) {
-            self.unread.insert(tgid);
             return false;
         }
         let name = untrusted::read_proc(Path::new(&format!("/proc/{tgid}/comm")), 64).unwrap_or_default().trim().to_string();
+        let mappings = areas.into_iter().map(|area| self.mapping(&dir, area)).collect();
+        self.install(tgid, life.map(|life| life.tag), name, mappings);
+        metrics::add("ember_processes_captured_total", &[("from", "proc")], 1.0);
+        true
+    }
+
+    /// Takes a process's mappings at its exec from what the kernel told of it, reading
+    /// nothing: its executable's code, if another process has mapped that file before (it is
+    /// open, and its table loaded). Its libraries are read when it is first sampled (it is
+    /// announced again then). False if the executable is not known: read /proc then.
+    pub fn capture_exec(&mut self, tgid: u32, tag: u16, exe: &ExeImage, comm: &[u8]) -> bool {
+        let file = MappedId { major: exe.dev >> 20, minor: exe.dev & 0xf_ffff, inode: exe.inode };
+        let Some(binary) = self.by_mapped.get(&file).and_then(Weak::upgrade) else { return false };
+        let Some((_, file_offset)) = binary.code_segment.filter(|_| exe.code_start < exe.code_end) else { return false };
+        let name = String::from_utf8_lossy(comm.split(|&b| b == 0).next().unwrap_or_default()).into_owned();
+        // The kernel's start_code is where the lowest executable segment's first byte went.
+        let code = Mapping { start: exe.code_start, end: exe.code_end, file_offset, target: MappingTarget::File(binary), python_trampolines: false };
+        self.install(tgid, Some(tag), name, vec![code]);
+        metrics::add("ember_processes_captured_total", &[("from", "exec")], 1.0);
+        true
+    }
+
+    /// Makes `mappings` those of `tgid`'s life `tag` (None: read at start-up, unannounced).
+    fn install(&mut self, tgid: u32, tag: Option<u16>, name: String, mappings: Vec<Mapping>) {
         // Read after all (a read can fail while the process execs): not a loss.
         self.unread.remove(&tgid);
-        let mut mappings = Vec::new();
-        for line in maps.lines().filter_map(MapsLine::parse).filter(|line| line.executable) {
-            mappings.push(self.mapping(&dir, line));
-        }
-        let tag = life.map(|life| life.tag);
         let perf_map = match self.processes.remove(&tgid) {
             // The same life read again (it mapped code since), or the first announcement of
             // one read at start-up: its perf map, read so far, stays.
@@ -180,7 +195,6 @@ impl ProcessTable {
         process.find_python_trampolines(tgid);
         self.processes.insert(tgid, process);
         self.captured.push(tgid);
-        true
     }
 
     /// Whether a code mapping of `tgid`'s life `tag` read so far holds `addr`. (Not its data
@@ -233,18 +247,19 @@ impl ProcessTable {
     }
 
     /// An executable mapping (only code can appear in a stack), read from /proc directory `dir`.
-    fn mapping(&mut self, dir: &Path, line: MapsLine) -> Mapping {
-        let MapsLine { start, end, file_offset, path, .. } = line;
-        let target = if path == "[vdso]" {
-            let vdso = vdso::image(end - start).and_then(|image| self.shared(path, (image, false), |image| Ok(build_id_of(image))).ok());
-            vdso.map_or_else(|| MappingTarget::Special(path.to_string()), MappingTarget::File)
-        } else if line.inode == 0 || path.is_empty() || path.starts_with('[') {
-            MappingTarget::Special(if path.is_empty() { "[anon]".into() } else { path.to_string() })
-        } else {
-            match MappedId::parse(line.device, line.inode).and_then(|mapped| self.mapped_binary(dir, line.range, path, mapped)) {
+    fn mapping(&mut self, dir: &Path, area: CodeArea) -> Mapping {
+        let (start, end, file_offset) = (area.start, area.end, area.file_offset);
+        let path = area.name.as_deref().unwrap_or_default();
+        let target = match area.file {
+            None if path == "[vdso]" => {
+                let vdso = vdso::image(end - start).and_then(|image| self.shared(path, (image, false), |image| Ok(elf_facts(image))).ok());
+                vdso.map_or_else(|| MappingTarget::Special(path.to_string()), MappingTarget::File)
+            }
+            None => MappingTarget::Special(if path.is_empty() { "[anon]".into() } else { path.to_string() }),
+            Some(mapped) => match self.mapped_binary(dir, &area.range(), path, mapped) {
                 Some(binary) => MappingTarget::File(binary),
                 None => MappingTarget::Special(path.to_string()),
-            }
+            },
         };
         Mapping { start, end, file_offset, target, python_trampolines: false }
     }
@@ -274,11 +289,11 @@ impl ProcessTable {
             Ok((file, served))
         });
         let binary = opened.unwrap_or_else(|refused| Err(Unopened::Refused(refused))).and_then(|(file, served)| {
-            let read_build_id = |file: &File| {
+            let read_elf = |file: &File| {
                 let file = file.try_clone()?;
-                untrusted::read_with(served, move || build_id_of(&file))
+                untrusted::read_with(served, move || elf_facts(&file))
             };
-            self.shared(path.trim_end_matches(" (deleted)"), (file, served), read_build_id).map_err(Unopened::Refused)
+            self.shared(path.trim_end_matches(" (deleted)"), (file, served), read_elf).map_err(Unopened::Refused)
         });
         match binary {
             Ok(binary) => Some(binary),
@@ -297,15 +312,15 @@ impl ProcessTable {
     }
 
     /// The binary `file` is, shared with every process that maps the same file; a new one's
-    /// build id is read with `build_id`.
-    fn shared(&mut self, path: &str, (file, served): (File, bool), build_id: impl FnOnce(&File) -> Result<Option<String>, Refused>) -> Result<Arc<Binary>, Refused> {
+    /// headers are read with `read_elf`.
+    fn shared(&mut self, path: &str, (file, served): (File, bool), read_elf: impl FnOnce(&File) -> Result<ElfFacts, Refused>) -> Result<Arc<Binary>, Refused> {
         let meta = file.metadata()?;
         let id = (meta.dev(), meta.ino());
         if let Some(binary) = self.binaries.get(&id).and_then(Weak::upgrade) {
             return Ok(binary);
         }
-        let build_id = build_id(&file)?;
-        let binary = Arc::new(Binary { path: path.to_string(), build_id, id, size: meta.len(), file, served });
+        let ElfFacts { build_id, code_segment } = read_elf(&file)?;
+        let binary = Arc::new(Binary { path: path.to_string(), build_id, code_segment, id, size: meta.len(), file, served });
         self.binaries.insert(id, Arc::downgrade(&binary));
         if let Some(opened) = self.opened.as_mut() {
             opened(&binary);
@@ -379,8 +394,12 @@ impl ProcessTable {
                 }
                 _ => None,
             };
-            if reread.is_some_and(|life| self.capture(tgid, life)) {
-                found = self.lookup(tgid, tag, addr);
+            if let Some(life) = reread {
+                if self.capture(tgid, life) {
+                    found = self.lookup(tgid, tag, addr);
+                } else if self.which(tgid, tag).is_none() {
+                    self.unread.insert(tgid);
+                }
             }
         }
         match found {

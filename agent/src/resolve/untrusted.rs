@@ -99,7 +99,7 @@ pub fn regular(file: File, max: u64) -> Result<File, Refused> {
 }
 
 /// Opens `path` read-only without blocking (a FIFO opens at once).
-fn open_nonblocking(path: &Path) -> io::Result<File> {
+pub fn open_nonblocking(path: &Path) -> io::Result<File> {
     std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(path)
 }
 

@@ -212,9 +212,9 @@ impl Builder {
 
 /// The file's executable segments. Only code is walked or named. (A read-only segment may
 /// share the code's first page, and with it the file offset of the code's mapping.)
-pub fn executable_segments(file: &object::File) -> Vec<Segment> {
+pub fn executable_segments<'data, R: object::ReadRef<'data>>(file: &object::File<'data, R>) -> Vec<Segment> {
     use object::{Object as _, ObjectSegment as _};
-    let executable = |s: &object::Segment| matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
+    let executable = |s: &object::Segment<'data, '_, R>| matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & object::elf::PF_X != 0);
     let segments = file.segments().filter(executable).map(|s| {
         let (offset, size) = s.file_range();
         Segment { address: s.address(), file_range: (offset, offset.saturating_add(size)) }
