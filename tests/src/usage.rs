@@ -25,6 +25,16 @@ pub fn process_cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) as f64 / 100.0
 }
 
+/// Context switches of all live threads of a process, voluntary or not.
+pub fn context_switches(pid: u32) -> u64 {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    let switches = |status: String| -> u64 {
+        let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0);
+        field("voluntary_ctxt_switches:") + field("nonvoluntary_ctxt_switches:")
+    };
+    tasks.flatten().filter_map(|t| fs::read_to_string(t.path().join("status")).ok()).map(switches).sum()
+}
+
 /// A `kB` field of `/proc/<pid>/status` (`"VmRSS:"`, ...), 0 if absent.
 pub fn status_kib(status: &str, field: &str) -> u64 {
     status.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)

@@ -284,6 +284,27 @@ fn python_functions_have_their_qualified_names_from_3_11() {
     });
 }
 
+/// Code compiled at run time, freed once it has run and its memory reused while the process
+/// lives on across a drain: the samples taken while it ran keep its name (a frame holds its
+/// code object, so the samples saw it alive), not "unreadable".
+#[test]
+fn python_code_freed_before_the_drain_keeps_its_name() {
+    each_interpreter("freed", 4.0, &["-F", "499"], |_, out, _| {
+        let profile = &Decoded::read(out);
+        let frames = || profile.samples.iter().flat_map(|s| s.frames.iter().map(move |f| (s, f))).filter(|(_, f)| f.mapping == "[python]");
+        let ran = frames().filter(|(_, f)| f.file == "freed_code").map(|(s, _)| s.values[0]).sum::<i64>();
+        let unreadable = frames().filter(|(_, f)| f.function.contains("unreadable")).map(|(s, _)| s.values[0]).sum::<i64>();
+        let mut problems = Vec::new();
+        if ran < 500 {
+            problems.push(format!("{ran} samples in freed_code"));
+        }
+        if unreadable > 0 {
+            problems.push(format!("{unreadable} samples with an unreadable code object ({ran} named in freed_code)"));
+        }
+        problems
+    });
+}
+
 /// The same workload profiled by the agent and by py-spy at once, both at 999 Hz for 8 s (the
 /// difference of the two shares then has a sampling error near half a point): the same Python
 /// functions (each with at least 1% of the samples), and hot_a's share of hot_a + hot_b within

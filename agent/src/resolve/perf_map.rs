@@ -77,8 +77,16 @@ impl PerfMap {
 
     /// The pid's next life was read: the file is that life's from now on (a runtime it
     /// exec'd rewrites it; a new process with the pid writes its own). What this life
-    /// appended is read one last time, and its names are kept for its samples.
-    pub fn freeze(&mut self) {
+    /// appended is read one last time, and its names are kept for its samples. A life that
+    /// looked for its map and found none yet (its code was seen before the runtime wrote
+    /// the file) looks once more: this is its last chance.
+    pub fn freeze(&mut self, tgid: u32) {
+        if self.file.is_none() && self.tried.is_some() && !self.refused {
+            match open(tgid) {
+                Ok((file, served)) => (self.file, self.served) = (Some(Arc::new(file)), served),
+                Err(refused) => self.refuse(refused, tgid),
+            }
+        }
         self.frozen = true;
         let _ = self.read_new(); // (a refused map has no file left to read)
     }
@@ -293,7 +301,7 @@ mod tests {
         assert_eq!(map.lookup(0, 0x1000).map(|s| s.name), Some("old".into()));
         writer.write_all(b"2000 10 last\n").unwrap();
         drained();
-        map.freeze();
+        map.freeze(0);
         assert_eq!(map.lookup(0, 0x2000).map(|s| s.name), Some("last".into()), "appended before the freeze");
         // Rewritten by the next life (shorter: a live map would start again from its start).
         File::create(&path).unwrap().write_all(b"3000 10 new\n").unwrap();
@@ -308,11 +316,31 @@ mod tests {
         fs::write(&own, "4000 10 next_life\n").unwrap();
         let live = PerfMap::default().lookup(pid, 0x4000).map(|s| s.name);
         let mut frozen = PerfMap::default();
-        frozen.freeze();
+        frozen.freeze(pid);
         let unopened = frozen.lookup(pid, 0x4000);
         let _ = fs::remove_file(&own);
         assert_eq!(live, Some("next_life".into()));
         assert_eq!(unopened, None);
+    }
+
+    /// A life whose code was seen before its runtime wrote the map (it looked, and found no
+    /// file) looks once more when its next life is read, however soon after.
+    #[test]
+    fn a_map_written_after_the_first_look_is_read_when_the_life_ends() {
+        // A process of its own: the other tests use this one's map.
+        let mut runtime = std::process::Command::new("sleep").arg("10").spawn().unwrap();
+        let pid = runtime.id();
+        let path = PathBuf::from(format!("/tmp/perf-{pid}.map"));
+        let mut map = PerfMap::default();
+        let before = map.lookup(pid, 0x6000);
+        fs::write(&path, "6000 10 written_late\n").unwrap();
+        map.freeze(pid);
+        let found = map.lookup(pid, 0x6000).map(|s| s.name);
+        let _ = fs::remove_file(&path);
+        let _ = runtime.kill();
+        let _ = runtime.wait();
+        assert_eq!(before, None, "no map yet");
+        assert_eq!(found, Some("written_late".into()));
     }
 
     /// A line too long to be one is skipped, in whichever read it ends, and the lines after

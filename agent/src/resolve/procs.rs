@@ -185,7 +185,7 @@ impl ProcessTable {
             Some(same) if same.tag == tag || same.tag.is_none() => same.perf_map,
             Some(mut earlier) => {
                 earlier.exited = false;
-                earlier.perf_map.freeze();
+                earlier.perf_map.freeze(tgid);
                 self.earlier.entry(tgid).or_default().push(earlier);
                 PerfMap::default()
             }

@@ -158,23 +158,27 @@ impl Pythons {
 impl Process {
     /// The code object at `address`, read once an interval: an object freed since and its
     /// memory reused by another is then not named as the old one. Where it can no longer be
-    /// read (the process exited), the last reading stands.
+    /// read as one (the process exited, or the object was freed after the samples: a module's
+    /// code goes as its last call returns, just before a drain), the last reading stands: a
+    /// frame holds its code object, so the samples that recorded it saw it alive.
     fn code(&mut self, address: u64, interval: u64) -> Option<Arc<CodeInfo>> {
-        if let Some((info, read_in)) = self.codes.get(&address) {
-            if *read_in == interval {
-                return info.clone();
-            }
-        }
+        let earlier = match self.codes.get(&address) {
+            Some((info, read_in)) if *read_in == interval => return info.clone(),
+            Some((info, _)) => info.clone(),
+            None => None,
+        };
         let read = read_code(&self.memory, &self.layout, address, None);
         let info = match read {
             Ok(info) => Some(Arc::new(info)),
-            Err(e) if e.gone() => {
+            Err(e) if earlier.is_some() => {
                 tracing::debug!(address = format_args!("{address:#x}"), "code object not read again: {e}");
-                self.codes.get(&address).and_then(|(info, _)| info.clone())
+                earlier
             }
             Err(e) => {
                 tracing::debug!(address = format_args!("{address:#x}"), "code object not named: {e}");
-                metrics::add("ember_python_code_unreadable_total", &[], 1.0);
+                if !e.gone() {
+                    metrics::add("ember_python_code_unreadable_total", &[], 1.0);
+                }
                 None
             }
         };

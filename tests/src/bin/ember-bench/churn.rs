@@ -3,7 +3,8 @@
 //! `churn_work`): `perf record -a -g` then `perf script`, bpftrace's `profile` with `ustack`,
 //! and ember-agent, each host-wide at 99 Hz in turn, on a fresh run of the churn. A sample
 //! counts as named when every frame of it has a function name, as complete when it reaches
-//! `main` (the fixture is built at -O2, without frame pointers).
+//! `main` (the fixture is built at -O2, without frame pointers). Then what started processes
+//! cost each profiler (`churn_cost`).
 use std::{fs, path::Path, process::Command, time::Duration};
 
 use anyhow::{ensure, Context as _, Result};
@@ -45,7 +46,7 @@ pub fn run(seconds: u64) -> Result<()> {
     println!("| profiler | samples of {COMM} | named to function level | in churn_work | reaching main | profiler CPU + BPF, % of a core |");
     println!("|---|---|---|---|---|---|");
     rows.iter().for_each(|row| println!("{row}"));
-    Ok(())
+    super::churn_cost::run(seconds)
 }
 
 /// Runs the churn under one profiler: the churn's stacks (function names, leaf first) with

@@ -3,6 +3,7 @@
 //! /proc: CPU over a steady-state window, peak RSS, and (with kernel.bpf_stats_enabled) the run
 //! time of each profiler's BPF programs and the memory of its maps.
 mod churn;
+mod churn_cost;
 mod governor;
 mod jit;
 mod mappings;

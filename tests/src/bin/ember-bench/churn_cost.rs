@@ -1,0 +1,112 @@
+//! The second table of `cargo xtask bench churn`: what started processes cost each profiler,
+//! host-wide, at 0, 10, 50 and 200 processes a second, at 19 Hz (the daemon's default) and
+//! 99 Hz. The processes are a mix of `sh -c true`, `/bin/true`, `python3 -c pass` and a Rust
+//! binary (`ember-agent --version`), started evenly. Each profiler runs alone on a fresh
+//! churn: perf record -a -g, bpftrace's `profile` counting kernel and user stacks by comm, and
+//! ember-agent as the daemon runs (10 s intervals, its first profile written before the
+//! window). Cost is the profiler's CPU plus its BPF run time over the window; the cost per
+//! started process is the cost at 200 a second less the cost at none, per process.
+use std::{
+    fs,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use ember_tests::usage::context_switches;
+
+use super::{
+    empty_dir,
+    oncpu::{wait_for_profile, Profiler, Scope},
+    release_bin, Profiler as Running,
+};
+
+const RATES: [u64; 4] = [0, 10, 50, 200];
+const FREQUENCIES: [u64; 2] = [19, 99];
+/// The daemon's interval.
+const INTERVAL: Duration = Duration::from_secs(10);
+/// What bpftrace and perf take to attach.
+const ATTACH: Duration = Duration::from_secs(2);
+
+pub fn run(seconds: u64) -> Result<()> {
+    let dir = empty_dir("churn-cost")?;
+    println!("\nbench churn, cost: {RATES:?} processes/s for {seconds}s each, each profiler host-wide alone");
+    let mut rows = Vec::new();
+    for hz in FREQUENCIES {
+        for (name, profiler) in [("perf record -a -g", Profiler::Perf), ("bpftrace profile", Profiler::Bpftrace), ("ember-agent", Profiler::Ember)] {
+            let mut costs = Vec::new();
+            for rate in RATES {
+                let out = dir.join(format!("{}-{hz}-{rate}", name.replace(' ', "-")));
+                fs::create_dir_all(&out)?;
+                costs.push(measure(profiler, hz, rate, seconds, &out)?);
+                let _ = fs::remove_dir_all(&out);
+            }
+            println!("  {name:<18} {hz} Hz done");
+            rows.push((name, hz, costs));
+        }
+    }
+    let _ = fs::remove_dir_all(&dir);
+    println!("\nCommand: cargo xtask bench churn --seconds {seconds}");
+    println!("| profiler | Hz | CPU + BPF, % of a core, at 0 / 10 / 50 / 200 processes/s | per started process at 200/s, ms | context switches/s at 0 / 200 |");
+    println!("|---|---|---|---|---|");
+    for (name, hz, costs) in rows {
+        let percents: Vec<String> = costs.iter().map(|c| format!("{:.3}", c.share * 100.0)).collect();
+        let (idle, busiest) = (&costs[0], &costs[RATES.len() - 1]);
+        let per_process_ms = (busiest.share - idle.share) * 1e3 / RATES[RATES.len() - 1] as f64;
+        println!("| {name} | {hz} | {} | {per_process_ms:.3} | {:.0} / {:.0} |", percents.join(" / "), idle.switches, busiest.switches);
+    }
+    Ok(())
+}
+
+struct Cost {
+    /// CPU plus BPF run time, a share of one core.
+    share: f64,
+    /// The profiler's context switches per second.
+    switches: f64,
+}
+
+fn measure(profiler: Profiler, hz: u64, rate: u64, seconds: u64, out: &std::path::Path) -> Result<Cost> {
+    let command = profiler.command(hz, Scope::Host, &["-g"], INTERVAL, out)?;
+    let running = Running::start("profiler", command)?;
+    match profiler {
+        Profiler::Ember => wait_for_profile(&out.join("profiles"))?,
+        _ => std::thread::sleep(ATTACH),
+    }
+    let (before, switched) = (running.snapshot()?, context_switches(running.pid()));
+    let started = Instant::now();
+    churn(rate, Duration::from_secs(seconds))?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let share = running.snapshot()?.overhead_since(&before, elapsed);
+    let switches = context_switches(running.pid()).saturating_sub(switched) as f64 / elapsed;
+    // Only the cost counts here: a peer that takes long to write its output is not waited on.
+    running.stop_for_output()?;
+    Ok(Cost { share, switches })
+}
+
+/// Starts `rate` processes a second for `length`, cycling through the mix; waits for the
+/// last to exit.
+fn churn(rate: u64, length: Duration) -> Result<()> {
+    let start = Instant::now();
+    if rate == 0 {
+        std::thread::sleep(length);
+        return Ok(());
+    }
+    let agent = release_bin("ember-agent");
+    let mix: [(&std::ffi::OsStr, &[&str]); 4] =
+        [("sh".as_ref(), &["-c", "true"]), ("/bin/true".as_ref(), &[]), ("python3".as_ref(), &["-c", "pass"]), (agent.as_os_str(), &["--version"])];
+    let mut running: Vec<Child> = Vec::new();
+    let mut started = 0u64;
+    while start.elapsed() < length {
+        let (program, args) = mix[(started % mix.len() as u64) as usize];
+        let child = Command::new(program).args(args).stdout(Stdio::null()).stderr(Stdio::null()).spawn();
+        running.push(child.with_context(|| format!("starting {program:?}"))?);
+        started += 1;
+        running.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+        let next = start + Duration::from_secs_f64(started as f64 / rate as f64);
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+    for mut child in running {
+        child.wait()?;
+    }
+    Ok(())
+}
