@@ -50,9 +50,18 @@ pub async fn run(settings: RunSettings) -> Result<()> {
     let debuginfod = symbolize::start_debuginfod(&settings.symbols);
     let prefetch = debuginfod.clone().map(|d| symbolize::prefetcher(&settings.symbols, d));
     // Loading takes a second or more (tables of every running process): off this thread, so
-    // that the status server answers meanwhile.
+    // that the status server answers meanwhile, on one that ends with it (a blocking-pool
+    // thread would idle on for seconds, then take its CPU time out of the process's threads).
     let (kernel, targets) = (settings.kernel.clone(), Targets::new(pods, settings.relabel));
-    let mut resolver = tokio::task::spawn_blocking(move || Resolver::start(&kernel, targets, prefetch)).await.context("loading the programs")??;
+    let (runtime, (loaded, loading)) = (tokio::runtime::Handle::current(), tokio::sync::oneshot::channel());
+    std::thread::Builder::new()
+        .name("ember-load".into())
+        .spawn(move || {
+            let _runtime = runtime.enter(); // the ring buffer registers with it
+            let _ = loaded.send(Resolver::start(&kernel, targets, prefetch));
+        })
+        .context("starting the loading thread")?;
+    let mut resolver = loading.await.context("loading the programs: the thread died")??;
     let mut governor = settings.cpu_budget.map(|budget| Governor::start(budget, resolver.sampler(), settings.kernel.event.is_clock()));
     governor::publish(resolver.sampler().rates());
     health.set_ready();
