@@ -87,7 +87,7 @@ impl<S: Sink> Shipper<S> {
     /// Ok(false): it is empty. A send that moves nothing on is an error, so the caller backs
     /// off instead of sending the same batch again at once.
     async fn send_batch(&mut self) -> Result<bool, Status> {
-        let profiles = self.spool.oldest(BATCH).map_err(spool_error)?;
+        let profiles = self.spool.take_batch(BATCH).map_err(spool_error)?;
         if profiles.is_empty() {
             return Ok(false);
         }
@@ -103,6 +103,7 @@ impl<S: Sink> Shipper<S> {
                 ..Default::default()
             },
             Err(status) => {
+                self.spool.send_failed();
                 metrics::add("ember_ship_failures_total", &[("sink", S::NAME)], 1.0);
                 return Err(status);
             }

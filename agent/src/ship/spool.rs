@@ -47,6 +47,10 @@ struct State {
     next_sequence: u64,
     /// Dropped because the spool was full.
     pub dropped: u64,
+    /// The batch a shipper is sending (`take_batch`), and those of it dropped to make room
+    /// meanwhile: their loss is counted only if the sink does not acknowledge them.
+    sending: Vec<u64>,
+    dropped_sending: Vec<u64>,
 }
 
 impl Spool {
@@ -60,7 +64,7 @@ impl Spool {
         let highest = files.last().map(|(seq, _)| *seq).unwrap_or(0);
         let next_sequence = stored.unwrap_or(1).max(highest + 1);
         let id = Self::id_of(dir)?;
-        let spool = Spool { sink, dir: dir.to_path_buf(), max_bytes, max_count, id, state: Mutex::new(State { next_sequence, dropped: 0 }) };
+        let spool = Spool { sink, dir: dir.to_path_buf(), max_bytes, max_count, id, state: Mutex::new(State { next_sequence, dropped: 0, sending: Vec::new(), dropped_sending: Vec::new() }) };
         spool.report(files.len(), bytes(&files));
         Ok(spool)
     }
@@ -139,12 +143,39 @@ impl Spool {
             let (seq, oldest) = files.remove(0);
             total -= fs::metadata(&oldest).map(|m| m.len()).unwrap_or(0);
             fs::remove_file(&oldest).with_context(|| format!("dropping {}", oldest.display()))?;
-            state.dropped += 1;
-            metrics::add("ember_lost_total", &[("reason", "spool_full"), ("sink", self.sink)], 1.0);
-            tracing::warn!(sink = self.sink, sequence = seq, dropped_total = state.dropped, "spool full: dropped the oldest profile");
+            if state.sending.contains(&seq) {
+                state.dropped_sending.push(seq); // lost only if the send fails
+            } else {
+                self.count_dropped(&mut state, seq);
+            }
         }
         self.report(files.len(), total);
         Ok(profile.sequence)
+    }
+
+    fn count_dropped(&self, state: &mut State, sequence: u64) {
+        state.dropped += 1;
+        metrics::add("ember_lost_total", &[("reason", "spool_full"), ("sink", self.sink)], 1.0);
+        tracing::warn!(sink = self.sink, sequence, dropped_total = state.dropped, "spool full: dropped the oldest profile");
+    }
+
+    /// The oldest `limit` profiles, for a shipper to send: until it says how the send went
+    /// (`remove` or `send_failed`), those dropped to make room are not counted lost yet.
+    pub fn take_batch(&self, limit: usize) -> Result<Vec<Profile>> {
+        let mut state = self.state.lock().expect("spool lock");
+        let profiles = self.read_after(0, limit)?;
+        state.sending = profiles.iter().map(|p| p.sequence).collect();
+        state.dropped_sending.clear();
+        Ok(profiles)
+    }
+
+    /// The batch being sent did not arrive: what was dropped of it meanwhile is lost.
+    pub fn send_failed(&self) {
+        let mut state = self.state.lock().expect("spool lock");
+        for sequence in std::mem::take(&mut state.dropped_sending) {
+            self.count_dropped(&mut state, sequence);
+        }
+        state.sending.clear();
     }
 
     pub fn sink(&self) -> &'static str {
@@ -158,6 +189,7 @@ impl Spool {
     }
 
     /// Up to `limit` spooled profiles, oldest first.
+    #[cfg(test)]
     pub fn oldest(&self, limit: usize) -> Result<Vec<Profile>> {
         self.after(0, limit)
     }
@@ -166,6 +198,11 @@ impl Spool {
     /// are quarantined on the way.
     pub fn after(&self, sequence: u64, limit: usize) -> Result<Vec<Profile>> {
         let _state = self.state.lock().expect("spool lock");
+        self.read_after(sequence, limit)
+    }
+
+    /// `after`, with the lock held.
+    fn read_after(&self, sequence: u64, limit: usize) -> Result<Vec<Profile>> {
         let mut profiles = Vec::new();
         for (_, path) in Self::files(&self.dir)?.into_iter().filter(|(seq, _)| *seq > sequence) {
             if profiles.len() == limit {
@@ -180,10 +217,18 @@ impl Spool {
         Ok(profiles)
     }
 
-    /// Forgets these profiles (those still spooled); returns how many it removed.
+    /// Forgets these profiles, which the sink acknowledged; returns how many of them it
+    /// forgot, or had dropped while they were being sent (they arrived: not lost). What was
+    /// dropped of the batch being sent and not acknowledged is counted lost.
     pub fn remove(&self, sequences: &[u64]) -> Result<usize> {
-        let _state = self.state.lock().expect("spool lock");
-        let (mut left, mut removed) = (Vec::new(), 0);
+        let mut state = self.state.lock().expect("spool lock");
+        let dropped_sending = std::mem::take(&mut state.dropped_sending);
+        let (arrived, lost): (Vec<u64>, Vec<u64>) = dropped_sending.into_iter().partition(|seq| sequences.contains(seq));
+        for sequence in lost {
+            self.count_dropped(&mut state, sequence);
+        }
+        state.sending.clear();
+        let (mut left, mut removed) = (Vec::new(), arrived.len());
         for (seq, path) in Self::files(&self.dir)? {
             if sequences.contains(&seq) {
                 fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
@@ -273,6 +318,27 @@ mod tests {
         let newer = fs::read(dir.join(QUARANTINE).join(file(6).file_name().unwrap())).unwrap();
         assert_eq!(decode(&newer).unwrap_err(), r#"spool format "02", this agent reads "01""#);
         assert_eq!(spool.append(profile(10)).unwrap(), 8, "numbering goes on past the quarantined files");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A profile dropped to make room while it was being sent is lost only if the send
+    /// fails: one the sink acknowledges arrived.
+    #[test]
+    fn a_profile_dropped_while_it_is_sent_is_lost_only_if_the_send_fails() {
+        let dir = std::env::temp_dir().join(format!("ember-spool-sending-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let spool = Spool::open(&dir, "test", 5_000, usize::MAX).unwrap();
+        spool.append(profile(4_000)).unwrap();
+        let batch: Vec<u64> = spool.take_batch(10).unwrap().iter().map(|p| p.sequence).collect();
+        assert_eq!(batch, [1]);
+        spool.append(profile(4_000)).unwrap(); // drops 1, being sent
+        assert_eq!(spool.state.lock().unwrap().dropped, 0, "not lost yet");
+        assert_eq!(spool.remove(&[1]).unwrap(), 1, "acknowledged: it arrived");
+        assert_eq!(spool.state.lock().unwrap().dropped, 0);
+        spool.take_batch(10).unwrap(); // 2
+        spool.append(profile(4_000)).unwrap(); // drops 2, being sent
+        spool.send_failed();
+        assert_eq!(spool.state.lock().unwrap().dropped, 1, "the failed send lost it");
         fs::remove_dir_all(&dir).unwrap();
     }
 
