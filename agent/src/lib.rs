@@ -73,7 +73,7 @@ pub fn main() -> ExitCode {
     init_logging(&cli.log_format);
     // One thread: the kernel's announcements wake the thread that reads them, and nothing
     // hands the wake-up on. Long work that must not hold the status server or the shippers
-    // up meanwhile goes to the blocking pool (loading the programs) or the pipeline thread.
+    // up meanwhile goes to a thread of its own (loading the programs, the pipeline).
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

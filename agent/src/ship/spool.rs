@@ -172,10 +172,18 @@ impl Spool {
     /// The batch being sent did not arrive: what was dropped of it meanwhile is lost.
     pub fn send_failed(&self) {
         let mut state = self.state.lock().expect("spool lock");
-        for sequence in std::mem::take(&mut state.dropped_sending) {
-            self.count_dropped(&mut state, sequence);
+        self.settle(&mut state, &[]);
+    }
+
+    /// Ends the send of the batch: what was dropped of it meanwhile and is not among
+    /// `acknowledged` is counted lost. Returns how many of it were dropped and acknowledged.
+    fn settle(&self, state: &mut State, acknowledged: &[u64]) -> usize {
+        let (arrived, lost): (Vec<u64>, Vec<u64>) = std::mem::take(&mut state.dropped_sending).into_iter().partition(|seq| acknowledged.contains(seq));
+        for sequence in lost {
+            self.count_dropped(state, sequence);
         }
         state.sending.clear();
+        arrived.len()
     }
 
     pub fn sink(&self) -> &'static str {
@@ -222,13 +230,7 @@ impl Spool {
     /// dropped of the batch being sent and not acknowledged is counted lost.
     pub fn remove(&self, sequences: &[u64]) -> Result<usize> {
         let mut state = self.state.lock().expect("spool lock");
-        let dropped_sending = std::mem::take(&mut state.dropped_sending);
-        let (arrived, lost): (Vec<u64>, Vec<u64>) = dropped_sending.into_iter().partition(|seq| sequences.contains(seq));
-        for sequence in lost {
-            self.count_dropped(&mut state, sequence);
-        }
-        state.sending.clear();
-        let (mut left, mut removed) = (Vec::new(), arrived.len());
+        let (mut left, mut removed) = (Vec::new(), self.settle(&mut state, sequences));
         for (seq, path) in Self::files(&self.dir)? {
             if sequences.contains(&seq) {
                 fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
