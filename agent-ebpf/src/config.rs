@@ -35,7 +35,7 @@ pub fn sampled_out(ratio: u32) -> bool {
 
 #[inline(always)]
 pub fn rates() -> Rates {
-    RATES.get(0).copied().unwrap_or(Rates { off_cpu_ratio: 1, net_ratio: 1 })
+    RATES.get(0).copied().unwrap_or(Rates { off_cpu_ratio: 1, net_ratio: 1, exec_announcements_paused: 0 })
 }
 
 #[inline(always)]

@@ -11,7 +11,7 @@ use aya_ebpf::{
 use crate::{
     announce::{announce_process, told, KNOWN_TGIDS},
     buffers::{active_set, bump},
-    config::{config, field, passes_filters},
+    config::{config, field, passes_filters, rates},
     offcpu::OFF_CPU_START,
     python,
     task::{current_life, CODE_REPLACEMENTS},
@@ -92,7 +92,9 @@ pub fn process_fork(ctx: TracePointContext) -> u32 {
 pub fn process_exec(ctx: TracePointContext) -> u32 {
     let tgid = ctx.tgid();
     forget(tgid);
-    if passes_filters(tgid) {
+    // Under the CPU budget's pause of exec captures, the process is announced at its first
+    // event instead, which the sampling rates bound.
+    if passes_filters(tgid) && rates().exec_announcements_paused == 0 {
         announce_process(tgid, current_life().0, told::AT_EXEC, &active_set());
     }
     0

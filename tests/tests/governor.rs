@@ -196,3 +196,62 @@ fn at_the_lowest_rate_ticks_do_not_fall_in_step_with_the_drains() {
     assert!(seconds >= 10.0, "only {seconds:.1} s at 1 Hz: the governor did not go to the lowest rate");
     assert!(samples as f64 >= 0.9 * ticks, "{samples} samples of the workload in {ticks:.1} CPU-seconds of 1 Hz ticks");
 }
+
+/// A switch rate at which the off-CPU program's runs alone, recording nothing, cost more than
+/// the budget: both ping-pong threads pinned to one CPU, some 400,000 switches a second here
+/// (some 20% of a core in the programs unchecked). No rate is low enough: the governor pauses
+/// off-CPU tracking, says so in the profiles, counts the switches it did not see, keeps the
+/// cost within the budget, and brings tracking back once the workload ends.
+#[test]
+fn off_cpu_tracking_pauses_when_switches_alone_take_the_budget_and_comes_back() {
+    require_root();
+    let _stats = BpfStats::enable().expect("enabling kernel.bpf_stats_enabled");
+    let dir = TempDir::new("governor-pause");
+    let out = dir.path("profiles");
+    let mut pinned = std::process::Command::new("taskset");
+    pinned.args(["-c", "0", FIXTURE]);
+    let mut fixture = Fixture::spawn_with(pinned, "pingpong", SECONDS, &["0"]);
+    let args = ["run", "--events", "cpu,offcpu", "-F", "999", "--interval", "1s", "--cpu-budget", "1%"];
+    let mut agent = Agent::spawn(&[&args[..], &["--output-dir", out.to_str().unwrap()]].concat());
+    agent.wait_ready();
+    fixture.start();
+    let started = Instant::now();
+    std::thread::sleep(SETTLE);
+    let (from, spent_from, unix_from) = (Instant::now(), spent(agent.pid()), std::time::SystemTime::now());
+    std::thread::sleep(Duration::from_secs_f64(SECONDS - 1.0).saturating_sub(started.elapsed()));
+    let (overhead, unix_to) = ((spent(agent.pid()) - spent_from) as f64 / from.elapsed().as_nanos() as f64, std::time::SystemTime::now());
+    fixture.finish();
+    // The workload is gone: a few intervals to measure the quiet host and attach again.
+    std::thread::sleep(Duration::from_secs(6));
+    agent.signal(libc::SIGINT);
+    let stderr = agent.wait_success(Duration::from_secs(30));
+    let nanos = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i64;
+    let mut wall = Decoded::read_kind(&out, "wall");
+    wall.sort_by_key(|p| p.profile.time_nanos);
+    let paused = |p: &Decoded| p.comment_field("ember.paused").is_some_and(|v| v.split(',').any(|what| what == "off_cpu"));
+    let unseen = |p: &Decoded| p.comment_field("ember.unseen.context_switches").and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    for p in &wall {
+        println!(
+            "interval at {:.1}s: agent {} bpf {} paused {:?} unseen switches {}",
+            (p.profile.time_nanos - wall[0].profile.time_nanos) as f64 / 1e9,
+            p.comment_field("ember.overhead.agent").unwrap_or("-"), p.comment_field("ember.overhead.bpf").unwrap_or("-"),
+            p.comment_field("ember.paused").unwrap_or("-"), unseen(p)
+        );
+    }
+    println!("measured overhead {:.3}% of a core (budget 1%)", overhead * 100.0);
+    let window: Vec<&Decoded> = wall.iter().filter(|p| p.profile.time_nanos >= nanos(unix_from) && p.profile.time_nanos + p.profile.duration_nanos <= nanos(unix_to)).collect();
+    assert!(window.len() >= 8, "{} intervals in the window:\n{stderr}", window.len());
+    assert!(window.iter().all(|p| paused(p)), "off-CPU tracking was not paused throughout the window:\n{stderr}");
+    // Each interval counts the host's switches it did not see: the workload's alone are
+    // hundreds of thousands a second.
+    assert!(window.iter().all(|p| unseen(p) > 10_000), "paused intervals counted no unseen switches");
+    assert!(stderr.contains("off-CPU tracking paused"), "no warning said so:\n{stderr}");
+    assert!(overhead <= 0.01, "profiling cost {:.3}% of a core, over the 1% budget:\n{stderr}", overhead * 100.0);
+    // Tracking came back on the quiet host, and recorded blocks again.
+    let last = wall.iter().rposition(paused).expect("no interval was paused");
+    let after = &wall[last + 1..];
+    assert!(stderr.contains("off-CPU tracking resumed") && after.len() >= 2, "off-CPU tracking did not come back ({} intervals after the last paused one):\n{stderr}", after.len());
+    assert!(after.iter().all(|p| unseen(p) == 0), "intervals after the pause counted unseen switches");
+    let blocks: u64 = after.iter().filter_map(|p| p.comment_field("ember.counter.off_cpu_blocks")?.parse::<u64>().ok()).sum();
+    assert!(blocks > 0, "no off-CPU block was recorded once tracking came back:\n{stderr}");
+}

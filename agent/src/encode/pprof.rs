@@ -199,8 +199,8 @@ pub fn build(interval: &ResolvedInterval, symbols: &Symbolizer, info: &ProfileIn
     )];
     if let Some(overhead) = interval.overhead {
         comments.push(format!(
-            "ember.cpu_budget={:.4} ember.overhead.agent={:.4} ember.overhead.bpf={:.4}",
-            overhead.budget, overhead.agent, overhead.bpf
+            "ember.cpu_budget={:.4} ember.overhead.agent={:.4} ember.overhead.bpf={:.4} ember.paused={} ember.unseen.context_switches={} ember.unseen.processes_started={}",
+            overhead.budget, overhead.agent, overhead.bpf, rates.paused.names(), overhead.unseen.switches, overhead.unseen.processes
         ));
     }
     comments.extend(kind.comment().map(str::to_string));

@@ -11,7 +11,7 @@ use agent_common::{names, OffCpuStart, Rates, SampleKey, SampleValue, SocketOwne
 use anyhow::{Context as _, Result};
 use aya::{
     maps::{Array, HashMap as BpfHashMap, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap},
-    programs::{PerfEvent, ProgramError, ProgramInfo, TracePoint},
+    programs::{trace_point::TracePointLinkId, PerfEvent, ProgramError, ProgramInfo, TracePoint},
     util::{nr_cpus, online_cpus},
     Ebpf, EbpfLoader,
 };
@@ -24,7 +24,7 @@ use super::{
     events::KernelSettings,
     btf::Btf,
     layouts::{area_layout, exit_group_dead, fork_child_pid, net_layouts, switch_layout, task_layout, transmit_attribution},
-    sampling::{PerfSampling, SamplingRates},
+    sampling::{Paused, PerfSampling, SamplingRates},
     unwind_maps::UnwindMaps,
     Stack,
 };
@@ -32,6 +32,9 @@ use super::{
 /// Executable mappings (with unwind tables) of all processes together: ~20 per process on a
 /// typical host, 32 bytes each.
 const MAPPING_SLOTS: u32 = 65536;
+
+/// The off-CPU program's tracepoint.
+pub(super) const SCHED_SWITCH: (&str, &str) = ("sched", "sched_switch");
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ember"));
 
@@ -61,6 +64,9 @@ pub struct Sampler {
     /// Per CPU (by id), what on-CPU events closed since the last drain ran after their last
     /// tick (ns): the drain adds it to the samples that came next (`rates::spread_unsampled`).
     pub(super) unsampled: Vec<u64>,
+    /// The off-CPU program's attachment, while it is attached (off-CPU only; the CPU
+    /// budget pauses it).
+    pub(super) switch_link: Option<TracePointLinkId>,
     /// Threads blocked off-CPU, with where they blocked (off-CPU only).
     pub(super) off_cpu_start: Option<BpfHashMap<MapData, u32, OffCpuStart>>,
     /// Sockets' last senders (transmit attribution only).
@@ -145,9 +151,10 @@ impl Sampler {
         if area_layout.is_some() {
             attach_tracepoint(&mut ebpf, names::PROG_AREA_PLACED, "mmap", "vm_unmapped_area")?;
         }
-        if settings.off_cpu.is_some() {
-            attach_tracepoint(&mut ebpf, names::PROG_SWITCH, "sched", "sched_switch")?;
-        }
+        let switch_link = match settings.off_cpu {
+            Some(_) => Some(attach_tracepoints(&mut ebpf, names::PROG_SWITCH, &[SCHED_SWITCH])?.remove(0)),
+            None => None,
+        };
         if attribution.is_some() {
             attach_tracepoint(&mut ebpf, names::PROG_SEND, "sock", "sock_send_length")?;
         }
@@ -159,6 +166,7 @@ impl Sampler {
             frequency: settings.frequency,
             off_cpu_ratio: settings.off_cpu.as_ref().map_or(1, |o| o.ratio.max(1)),
             net_ratio: 1,
+            paused: Paused::default(),
         };
         let mut rates_map: Array<_, Rates> = Array::try_from(take(&mut ebpf, names::RATES)?)?;
         rates_map.set(0, rates.kernel(), 0).context("writing sampling ratios")?;
@@ -219,6 +227,7 @@ impl Sampler {
             active_since: SystemTime::now(),
             nr_cpus,
             unsampled: Vec::new(),
+            switch_link,
             off_cpu_start,
             sock_owner,
             last_stacks: Default::default(),
@@ -229,6 +238,11 @@ impl Sampler {
 }
 
 impl Sampler {
+    /// Whether off-CPU tracking runs (paused or not).
+    pub fn tracks_off_cpu(&self) -> bool {
+        self.off_cpu_start.is_some()
+    }
+
     /// Detaches every program. The next drain's barrier waits for any still running, so what
     /// it reads is final and the last drain loses nothing.
     pub fn stop(&mut self) {
@@ -237,20 +251,21 @@ impl Sampler {
 }
 
 /// Loads one tracepoint program and attaches it to each of `tracepoints` (category, name).
-fn attach_tracepoints(ebpf: &mut Ebpf, program: &str, tracepoints: &[(&str, &str)]) -> Result<()> {
+fn attach_tracepoints(ebpf: &mut Ebpf, program: &str, tracepoints: &[(&str, &str)]) -> Result<Vec<TracePointLinkId>> {
     let prog: &mut TracePoint = ebpf.program_mut(program).context("program missing")?.try_into()?;
     prog.load().map_err(|e| anyhow::anyhow!("loading {program}: {e}{}", chain(&e)))?;
     log_verified(program, prog.info());
-    for &(category, name) in tracepoints {
-        prog.attach(category, name)
-            .map_err(|e| anyhow::anyhow!("attaching to tracepoint {category}:{name}: {e}{}", chain(&e)))?;
-    }
-    Ok(())
+    tracepoints.iter().map(|&tracepoint| attach_loaded(prog, tracepoint)).collect()
+}
+
+/// Attaches a loaded tracepoint program to `tracepoint` (category, name).
+pub(super) fn attach_loaded(prog: &mut TracePoint, (category, name): (&str, &str)) -> Result<TracePointLinkId> {
+    prog.attach(category, name).map_err(|e| anyhow::anyhow!("attaching to tracepoint {category}:{name}: {e}{}", chain(&e)))
 }
 
 /// Loads and attaches one tracepoint program.
 fn attach_tracepoint(ebpf: &mut Ebpf, program: &str, category: &str, name: &str) -> Result<()> {
-    attach_tracepoints(ebpf, program, &[(category, name)])
+    attach_tracepoints(ebpf, program, &[(category, name)]).map(drop)
 }
 
 /// Logs how many instructions the verifier processed for a program, of the 1,000,000 it

@@ -22,8 +22,8 @@ pub use announce::Announcements;
 pub use drain::{Counters, RawInterval, Stack};
 pub use events::{Event, KernelSettings, NetEvent, OffCpuSettings};
 pub use load::Sampler;
-pub use rates::Overhead;
-pub use sampling::{SamplingRates, TickPhase};
+pub use rates::{Overhead, Unseen};
+pub use sampling::{Paused, SamplingRates, TickPhase};
 pub use unwind_maps::UnwindMaps;
 #[cfg(fuzzing)]
 pub use btf::Btf;

@@ -5,10 +5,10 @@
 
 use agent_common::{names, SampleKey, SampleValue};
 use anyhow::{Context as _, Result};
-use aya::programs::PerfEvent;
+use aya::programs::{PerfEvent, TracePoint};
 
 use super::{
-    load::Sampler,
+    load::{attach_loaded, Sampler, SCHED_SWITCH},
     sampling::{SamplingRates, TickPhase},
 };
 
@@ -18,6 +18,17 @@ pub struct Overhead {
     pub budget: f64,
     pub agent: f64,
     pub bpf: f64,
+    /// What the budget's pauses did not see.
+    pub unseen: Unseen,
+}
+
+/// What the CPU budget's pauses (`SamplingRates::paused`) did not see over an interval.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Unseen {
+    /// The host's context switches while off-CPU tracking was paused.
+    pub switches: u64,
+    /// Processes started while their capture at exec was paused.
+    pub processes: u64,
 }
 
 impl Overhead {
@@ -71,8 +82,34 @@ impl Sampler {
                 self.unsampled.iter_mut().zip(unsampled).for_each(|(sum, ns)| *sum += ns);
             }
         }
+        if rates.paused.off_cpu != self.rates.paused.off_cpu {
+            self.pause_off_cpu(rates.paused.off_cpu)?;
+        }
         self.rates_map.set(0, rates.kernel(), 0).context("writing sampling ratios")?;
         self.rates = rates;
+        Ok(())
+    }
+
+    /// Detaches the off-CPU program (`pause`) or attaches it again. Blocks under way when it
+    /// is detached are dropped with their threads' entries: one whose wake-up the program
+    /// missed would otherwise count the whole pause as blocked.
+    fn pause_off_cpu(&mut self, pause: bool) -> Result<()> {
+        let Some(ebpf) = self.ebpf.as_mut() else { return Ok(()) };
+        let prog: &mut TracePoint = ebpf.program_mut(names::PROG_SWITCH).context("program missing")?.try_into()?;
+        match (pause, self.switch_link.take()) {
+            (true, Some(link)) => {
+                prog.detach(link).context("detaching the off-CPU program")?;
+                if let Some(blocked) = self.off_cpu_start.as_mut() {
+                    let threads: Vec<u32> = blocked.keys().filter_map(Result::ok).collect();
+                    for tid in threads {
+                        // A thread that exited meanwhile took its entry with it.
+                        let _ = blocked.remove(&tid);
+                    }
+                }
+            }
+            (false, None) => self.switch_link = Some(attach_loaded(prog, SCHED_SWITCH)?),
+            (_, link) => self.switch_link = link,
+        }
         Ok(())
     }
 }

@@ -12,17 +12,39 @@ use aya::programs::{
 use super::{aya_errors::chain, events::Event};
 
 /// The rates in force: on-CPU frequency (Hz), one off-CPU block and one network event in
-/// how many are recorded.
+/// how many are recorded; and what the CPU budget paused, when no rate is low enough.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SamplingRates {
     pub frequency: u64,
     pub off_cpu_ratio: u32,
     pub net_ratio: u32,
+    pub paused: Paused,
+}
+
+/// What the CPU budget paused: off-CPU tracking (its program detached: it runs at every
+/// context switch, recording or not), and the capture of new processes at their exec (they
+/// are captured at their first sample instead).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Paused {
+    pub off_cpu: bool,
+    pub exec_capture: bool,
+}
+
+impl Paused {
+    /// What is paused, as the profiles' comments and the logs name it ("" for nothing).
+    pub fn names(self) -> String {
+        let names = [(self.off_cpu, "off_cpu"), (self.exec_capture, "exec_capture")];
+        names.iter().filter(|(on, _)| *on).map(|(_, name)| *name).collect::<Vec<_>>().join(",")
+    }
 }
 
 impl SamplingRates {
     pub(super) fn kernel(self) -> Rates {
-        Rates { off_cpu_ratio: self.off_cpu_ratio, net_ratio: self.net_ratio }
+        Rates {
+            off_cpu_ratio: self.off_cpu_ratio,
+            net_ratio: self.net_ratio,
+            exec_announcements_paused: u32::from(self.paused.exec_capture),
+        }
     }
 }
 

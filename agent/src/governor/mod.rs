@@ -4,7 +4,11 @@
 //! something, the part its rate scales; the rest (the agent's own CPU, runs that recorded
 //! nothing) is fixed as far as rates go. Over budget, it cuts the dearest sources first, down
 //! to an equal share of what the fixed part leaves; with room to spare it raises them back.
-//! It only changes rates: every sample keeps counting for what it stands for.
+//! It only changes rates: every sample keeps counting for what it stands for. What no rate
+//! lowers, it pauses while it alone would take the budget (`pauses`).
+mod host_activity;
+mod pauses;
+
 use std::time::Instant;
 
 use agent_common::{counter, run};
@@ -12,6 +16,7 @@ use anyhow::Result;
 
 use crate::{
     kernel::{Overhead, ProgramCost, Sampler, SamplingRates},
+    governor::pauses::{Measured, Pauses},
     ops::metrics,
     resolve::ResolvedInterval,
 };
@@ -68,6 +73,7 @@ pub struct Governor {
     /// runs, with past intervals fading: the miss per run.
     missed: (f64, f64),
     over_budget: bool,
+    pauses: Pauses,
     /// Intervals measured so far: the first WARM_UP pay for reading every process and naming
     /// its binaries once, and set no rates.
     measured: u32,
@@ -88,6 +94,7 @@ impl Governor {
             kernel: sampler.program_cost(),
             missed: (0.0, 0.0),
             over_budget: false,
+            pauses: Pauses::new(sampler.tracks_off_cpu()),
             measured: 0,
         }
     }
@@ -124,15 +131,39 @@ impl Governor {
         let (miss_ns, other_ns) = self.miss(&runs, kernel);
         let costs = runs.map(|r| (r.recorded_ns as f64 + r.recorded as f64 * miss_ns) / wall);
         let agent = now.1.saturating_sub(self.last.1) as f64 / wall;
-        let skipped = (runs.iter().map(|r| r.skipped_ns as f64 + r.skipped as f64 * miss_ns).sum::<f64>() + other_ns) / wall;
-        let overhead = Overhead { budget: self.budget, agent, bpf: costs.iter().sum::<f64>() + skipped };
+        let unrecorded = runs.map(|r| (r.skipped_ns as f64 + r.skipped as f64 * miss_ns) / wall);
+        let skipped = unrecorded.iter().sum::<f64>() + other_ns / wall;
+        let (activity, unseen) = self.pauses.observe_host();
+        let overhead = Overhead { budget: self.budget, agent, bpf: costs.iter().sum::<f64>() + skipped, unseen };
         self.last = now;
         metrics::set("ember_overhead_ratio", &[("part", "agent")], overhead.agent);
         metrics::set("ember_overhead_ratio", &[("part", "bpf")], overhead.bpf);
+        metrics::add("ember_unseen_total", &[("what", "context_switches")], unseen.switches as f64);
+        metrics::add("ember_unseen_total", &[("what", "processes_started")], unseen.processes as f64);
 
         self.measured += 1;
-        if self.measured <= WARM_UP {
-            return (overhead, None);
+        let before = self.rates();
+        let off_cpu = runs[run::OFF_CPU as usize];
+        let warm_up = self.measured <= WARM_UP;
+        let measured = Measured {
+            total: overhead.total(),
+            agent,
+            switch_run_ns: if off_cpu.skipped > 0 { off_cpu.skipped_ns as f64 / off_cpu.skipped as f64 } else { 0.0 } + miss_ns,
+            switch_runs_per_s: (off_cpu.skipped + off_cpu.recorded) as f64 * 1e9 / wall,
+            rest: skipped - unrecorded[run::OFF_CPU as usize] + if warm_up { 0.0 } else { agent },
+            warm_up,
+        };
+        let paused = self.pauses.decide(&measured, activity, self.budget);
+        if paused.off_cpu {
+            // It comes back at the lowest rate, and rises as there is room.
+            self.levels[run::OFF_CPU as usize] = 1.0 / MAX_CUT;
+        }
+        for (what, on) in [("off_cpu", paused.off_cpu), ("exec_capture", paused.exec_capture)] {
+            metrics::set("ember_paused", &[("what", what)], f64::from(u8::from(on)));
+        }
+        if warm_up {
+            let after = self.rates();
+            return (overhead, (after != before).then_some(after));
         }
         let fixed = agent + skipped;
         if self.fixed.len() == FIXED_HISTORY {
@@ -142,8 +173,11 @@ impl Governor {
         let mut sorted = self.fixed.clone();
         sorted.sort_by(f64::total_cmp);
         let steady_fixed = sorted[sorted.len() / 2];
-        let before = self.rates();
-        self.levels = next_levels(self.levels, costs, steady_fixed, overhead.total(), self.budget, self.frequency_governed);
+        let mut levels = next_levels(self.levels, costs, steady_fixed, overhead.total(), self.budget, self.frequency_governed);
+        if paused.off_cpu {
+            levels[run::OFF_CPU as usize] = self.levels[run::OFF_CPU as usize];
+        }
+        self.levels = levels;
         let after = self.rates();
         let at_floor = self.levels.iter().zip(costs).all(|(level, cost)| cost == 0.0 || *level <= 1.0 / MAX_CUT);
         let over = overhead.total() > self.budget && (at_floor || steady_fixed >= self.budget);
@@ -154,7 +188,7 @@ impl Governor {
                 tracing::warn!(
                     cost = percent(overhead.total()), budget = percent(self.budget), agent = percent(agent),
                     programs_recording_nothing = percent(skipped),
-                    "profiling costs more than the CPU budget even at the lowest rates (off-CPU tracking runs on every context switch)"
+                    "profiling costs more than the CPU budget even at the lowest rates, with what no rate lowers paused"
                 );
             }
         }
@@ -191,6 +225,7 @@ impl Governor {
             },
             off_cpu_ratio: ratio(self.base.off_cpu_ratio, self.levels[1]),
             net_ratio: ratio(self.base.net_ratio, self.levels[2]),
+            paused: self.pauses.paused,
         }
     }
 }
@@ -259,7 +294,7 @@ mod tests {
     fn governor(kernel: Option<ProgramCost>) -> Governor {
         Governor {
             budget: BUDGET,
-            base: SamplingRates { frequency: 999, off_cpu_ratio: 1, net_ratio: 1 },
+            base: SamplingRates { frequency: 999, off_cpu_ratio: 1, net_ratio: 1, ..SamplingRates::default() },
             frequency_governed: true,
             levels: [1.0; 3],
             last: (Instant::now(), 0),
@@ -267,6 +302,7 @@ mod tests {
             kernel,
             missed: (0.0, 0.0),
             over_budget: false,
+            pauses: Pauses::new(true),
             measured: 0,
         }
     }

@@ -1,0 +1,204 @@
+//! When no rate is low enough. Two costs no sampling rate lowers: the off-CPU program runs at
+//! every context switch, recording or not, and every new process is captured at its exec.
+//! While either alone would take the budget, it is paused (off-CPU first: its program is
+//! detached; then exec captures: new processes are captured at their first sample, which the
+//! on-CPU rate bounds), and it comes back once the host's activity says it fits. What a pause
+//! did not see is counted.
+use super::host_activity::{Activity, HostCounters};
+use super::{CUT, FIXED_HISTORY, LOW, TARGET};
+use crate::kernel::{Paused, Unseen};
+
+/// What the last interval measured, as shares of one core unless said otherwise.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Measured {
+    pub(super) total: f64,
+    pub(super) agent: f64,
+    /// What one run of the off-CPU program costs when it records nothing (ns), and its runs
+    /// a second: at the lowest rate, its cost is nearly all theirs.
+    pub(super) switch_run_ns: f64,
+    pub(super) switch_runs_per_s: f64,
+    /// What no rate lowers, beside the off-CPU program's runs: the agent's CPU, the other
+    /// programs' runs that recorded nothing. During the warm-up, without the agent, whose
+    /// first reading of every process says nothing of what follows.
+    pub(super) rest: f64,
+    pub(super) warm_up: bool,
+}
+
+pub(super) struct Pauses {
+    pub(super) paused: Paused,
+    /// Whether off-CPU tracking runs at all.
+    off_cpu: bool,
+    /// An off-CPU run's cost (ns) when tracking was paused.
+    switch_run_ns: f64,
+    /// The agent's CPU per started process (ns) when exec captures were paused: all of it,
+    /// so that they come back only with room to spare.
+    process_ns: f64,
+    /// The last intervals' `rest`, newest last: a single interval's may be a burst.
+    rest: Vec<f64>,
+    host: Option<HostCounters>,
+}
+
+impl Pauses {
+    pub(super) fn new(off_cpu: bool) -> Pauses {
+        Pauses { paused: Paused::default(), off_cpu, switch_run_ns: 0.0, process_ns: 0.0, rest: Vec::new(), host: HostCounters::read() }
+    }
+
+    /// The host's activity since the last call, and what the pauses in force did not see of it.
+    pub(super) fn observe_host(&mut self) -> (Activity, Unseen) {
+        let now = HostCounters::read();
+        let activity = match (now, self.host) {
+            (Some(now), Some(last)) => now.since(&last),
+            _ => Activity::default(),
+        };
+        self.host = now.or(self.host);
+        let unseen = Unseen {
+            switches: if self.paused.off_cpu { activity.switches } else { 0 },
+            processes: if self.paused.exec_capture { activity.processes } else { 0 },
+        };
+        (activity, unseen)
+    }
+
+    /// What to pause or bring back for the next interval. Pauses off-CPU tracking when it
+    /// costs more than its share even at the lowest rate; then exec captures, when what no
+    /// rate lowers still takes the budget. Brings one back at a time, when what it cost
+    /// before, at the host's current activity, leaves the total under LOW of the budget.
+    pub(super) fn decide(&mut self, m: &Measured, activity: Activity, budget: f64) -> Paused {
+        if !m.warm_up {
+            if self.rest.len() == FIXED_HISTORY {
+                self.rest.remove(0);
+            }
+            self.rest.push(m.rest);
+        }
+        let rest = if m.warm_up { m.rest } else { median(&self.rest) };
+        let over = m.total > CUT * budget;
+        let mut next = self.paused;
+        if self.off_cpu && !self.paused.off_cpu {
+            let floor = m.switch_runs_per_s * m.switch_run_ns / 1e9;
+            if over && floor + rest > TARGET * budget {
+                next.off_cpu = true;
+                self.switch_run_ns = m.switch_run_ns;
+            }
+        }
+        // Exec captures, once off-CPU tracking was paused for a whole interval, and on a
+        // full history: the first intervals after the warm-up still name what it met.
+        let settled = (!self.off_cpu || self.paused.off_cpu) && self.rest.len() == FIXED_HISTORY;
+        if !self.paused.exec_capture && settled && !m.warm_up && over && rest > TARGET * budget && activity.processes_per_s >= 1.0 {
+            next.exec_capture = true;
+            self.process_ns = m.agent * 1e9 / activity.processes_per_s;
+        }
+        let fits = |cost_back: f64| m.total + cost_back < LOW * budget;
+        if self.paused.exec_capture && fits(activity.processes_per_s * self.process_ns / 1e9) {
+            next.exec_capture = false;
+        } else if self.paused.off_cpu && fits(activity.switches_per_s * self.switch_run_ns / 1e9) {
+            next.off_cpu = false;
+        }
+        if next != self.paused {
+            self.log(next, m, activity, budget);
+            self.paused = next;
+        }
+        next
+    }
+
+    fn log(&self, next: Paused, m: &Measured, activity: Activity, budget: f64) {
+        let percent = |share: f64| format!("{:.2}%", share * 100.0);
+        let (cost, budget) = (percent(m.total), percent(budget));
+        if next.off_cpu && !self.paused.off_cpu {
+            tracing::warn!(
+                cost, budget, switches_per_s = activity.switches_per_s.round(), run_ns = m.switch_run_ns.round(),
+                "off-CPU tracking paused: its program runs at every context switch and, even at the lowest rate, costs more than the CPU budget leaves it; switches from here on are counted as unseen"
+            );
+        }
+        if next.exec_capture && !self.paused.exec_capture {
+            tracing::warn!(
+                cost, budget, processes_per_s = activity.processes_per_s.round(),
+                "capture of new processes at exec paused for the CPU budget: they are captured at their first sample, and a short one's first frames may go unnamed"
+            );
+        }
+        if !next.off_cpu && self.paused.off_cpu {
+            tracing::info!(cost, budget, switches_per_s = activity.switches_per_s.round(), "off-CPU tracking resumed: the CPU budget has room for it");
+        }
+        if !next.exec_capture && self.paused.exec_capture {
+            tracing::info!(cost, budget, processes_per_s = activity.processes_per_s.round(), "capture of new processes at exec resumed");
+        }
+    }
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BUDGET: f64 = 0.01;
+
+    fn measured(total: f64, switch_runs_per_s: f64, rest: f64) -> Measured {
+        Measured { total, agent: rest, switch_run_ns: 300.0, switch_runs_per_s, rest, warm_up: false }
+    }
+
+    fn activity(switches_per_s: f64, processes_per_s: f64) -> Activity {
+        Activity { switches_per_s, processes_per_s, ..Activity::default() }
+    }
+
+    fn pauses() -> Pauses {
+        Pauses { paused: Paused::default(), off_cpu: true, switch_run_ns: 0.0, process_ns: 0.0, rest: Vec::new(), host: None }
+    }
+
+    #[test]
+    fn off_cpu_pauses_when_its_floor_takes_the_budget_and_comes_back_when_switches_calm_down() {
+        let mut p = pauses();
+        // 100,000 switches a second at 300 ns: 3% at any rate.
+        let paused = p.decide(&measured(0.035, 100_000.0, 0.002), activity(100_000.0, 0.0), BUDGET);
+        assert_eq!(paused, Paused { off_cpu: true, exec_capture: false });
+        // Still busy: 0.2% without it, but it would cost 3% back.
+        assert!(p.decide(&measured(0.002, 0.0, 0.002), activity(100_000.0, 0.0), BUDGET).off_cpu);
+        // 1,000 switches a second: 0.03% back, room for it.
+        assert!(!p.decide(&measured(0.002, 0.0, 0.002), activity(1_000.0, 0.0), BUDGET).off_cpu);
+    }
+
+    #[test]
+    fn a_floor_that_fits_is_left_to_the_rates() {
+        let mut p = pauses();
+        // Over the budget at full rate, but 1,000 switches a second cost 0.03% at any rate.
+        assert_eq!(p.decide(&measured(0.05, 1_000.0, 0.001), activity(1_000.0, 0.0), BUDGET), Paused::default());
+    }
+
+    #[test]
+    fn exec_captures_pause_only_after_off_cpu_and_with_processes_starting() {
+        let mut p = pauses();
+        // The agent alone takes 2% under churn: off-CPU goes first.
+        let churn = measured(0.025, 50_000.0, 0.02);
+        assert_eq!(p.decide(&churn, activity(50_000.0, 100.0), BUDGET), Paused { off_cpu: true, exec_capture: false });
+        assert_eq!(p.decide(&measured(0.02, 0.0, 0.02), activity(50_000.0, 100.0), BUDGET).exec_capture, false, "two intervals measured");
+        assert_eq!(p.decide(&measured(0.02, 0.0, 0.02), activity(50_000.0, 100.0), BUDGET), Paused { off_cpu: true, exec_capture: true });
+        // No processes start: the cost is not theirs, and pausing their capture would not help.
+        let mut q = pauses();
+        q.off_cpu = false;
+        assert_eq!(q.decide(&measured(0.02, 0.0, 0.02), activity(0.0, 0.0), BUDGET), Paused::default());
+    }
+
+    #[test]
+    fn paused_sources_come_back_one_at_a_time_exec_captures_first() {
+        let mut p = pauses();
+        p.paused = Paused { off_cpu: true, exec_capture: true };
+        (p.switch_run_ns, p.process_ns) = (300.0, 100_000.0);
+        // Quiet: both would fit, exec captures come back first, then off-CPU.
+        let quiet = measured(0.001, 0.0, 0.001);
+        assert_eq!(p.decide(&quiet, activity(100.0, 1.0), BUDGET), Paused { off_cpu: true, exec_capture: false });
+        assert_eq!(p.decide(&quiet, activity(100.0, 1.0), BUDGET), Paused::default());
+    }
+
+    #[test]
+    fn a_burst_in_one_interval_does_not_pause_exec_captures() {
+        let mut p = pauses();
+        p.off_cpu = false;
+        let calm = measured(0.002, 0.0, 0.002);
+        p.decide(&calm, activity(0.0, 5.0), BUDGET);
+        p.decide(&calm, activity(0.0, 5.0), BUDGET);
+        // One interval at 2%: the median of the last three is still calm.
+        assert_eq!(p.decide(&measured(0.02, 0.0, 0.02), activity(0.0, 100.0), BUDGET), Paused::default());
+    }
+}
