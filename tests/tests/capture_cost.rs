@@ -1,6 +1,7 @@
 //! What a started process costs the agent: a process the filters exclude costs no read of
 //! /proc, and a process that execs a binary the agent has open already is captured from what
-//! the kernel told at its exec, with nothing read. Counted by the agent's
+//! the kernel told at its exec, with nothing read, even when the binary's last process is
+//! long gone. Counted by the agent's
 //! `ember_processes_captured_total`. Needs root (the agent loads BPF programs).
 use std::{
     process::{Child, Command},
@@ -37,8 +38,12 @@ fn captures_around_churn(agent: Agent, http: std::net::SocketAddr) -> ((f64, f64
 }
 
 fn daemon(dir: &TempDir, filter: &[&str], http: std::net::SocketAddr) -> Agent {
+    daemon_every(dir, "10s", filter, http)
+}
+
+fn daemon_every(dir: &TempDir, interval: &str, filter: &[&str], http: std::net::SocketAddr) -> Agent {
     let out = dir.path("profiles");
-    let mut args = vec!["run", "-F", "99", "--interval", "10s", "--output-dir", out.to_str().unwrap()];
+    let mut args = vec!["run", "-F", "99", "--interval", interval, "--output-dir", out.to_str().unwrap()];
     let http_arg = http.to_string();
     args.extend(["--http", &http_arg]);
     args.extend(filter);
@@ -75,4 +80,34 @@ fn processes_that_exec_a_binary_already_open_are_captured_without_reading_proc()
     // other processes of the host are read from /proc.
     assert!(exec >= 180.0, "{exec} of 200 execs of a known binary captured from the exec ({proc} from /proc)");
     assert!(proc < exec / 4.0, "{proc} captures read /proc beside {exec} from exec");
+}
+
+/// A binary that only short processes run (a cron job, a health check) stays open after its
+/// last process is gone and forgotten: the next run is captured from its exec again, with
+/// nothing read, and its tables and facts are not built again.
+#[test]
+fn a_binary_run_again_after_its_processes_are_forgotten_is_captured_from_the_exec() {
+    require_root();
+    let dir = TempDir::new("capture-idle");
+    let http = free_address();
+    // A copy of sleep: no other process of the host runs it. Each run lasts long enough to
+    // be read from /proc if it must be.
+    let binary = dir.path("own-sleep");
+    std::fs::copy("/bin/sleep", &binary).expect("copying /bin/sleep");
+    let agent = daemon_every(&dir, "1s", &[], http);
+    let run = || assert!(Command::new(&binary).arg("0.2").status().expect("running the copy").success());
+    run();
+    let before = captures(http);
+    for _ in 0..3 {
+        // The process exited: marked at one drain, forgotten at the next.
+        std::thread::sleep(Duration::from_millis(2500));
+        run();
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let after = captures(http);
+    agent.signal(libc::SIGTERM);
+    agent.wait_success(Duration::from_secs(30));
+    let (exec, proc) = (after.0 - before.0, after.1 - before.1);
+    println!("3 runs, each after the last one was forgotten: {exec} captured from their exec, {proc} from /proc");
+    assert!(exec >= 3.0 && proc < 3.0, "runs of a binary whose processes were forgotten: {exec} captured from the exec, {proc} from /proc");
 }

@@ -7,6 +7,7 @@ use std::{
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     sync::{Arc, Weak},
+    time::{Duration, Instant},
 };
 
 use super::{
@@ -115,6 +116,10 @@ pub struct ProcessTable {
     /// overlayfs or btrfs, whose maps show another device): found again without opening
     /// anything. An inode cannot be reused while the binary holds it open.
     by_mapped: HashMap<MappedId, Weak<Binary>>,
+    /// Binaries of processes that exited, kept open a while after (KEEP_IDLE, MAX_IDLE of
+    /// them): one that short processes run again and again (shells, cron jobs, probes) is
+    /// opened, examined and captured from the exec once, not once per interval.
+    idle: HashMap<(u64, u64), (Arc<Binary>, Instant)>,
     /// Sampled processes of this interval whose mappings were never read: they exited first,
     /// their frames stay unnamed, and they are counted. (A process that exited unread and
     /// unsampled lost nothing.)
@@ -128,6 +133,10 @@ pub struct ProcessTable {
 
 /// Refused files remembered at most.
 const MAX_REFUSED: usize = 4096;
+/// How long, and how many, binaries no process maps stay open. Each holds a descriptor (and,
+/// if deleted, its disk space).
+const KEEP_IDLE: Duration = Duration::from_secs(300);
+const MAX_IDLE: usize = 256;
 
 impl ProcessTable {
     pub fn new(opened: Option<BinaryOpened>) -> ProcessTable {
@@ -431,6 +440,18 @@ impl ProcessTable {
     /// previous sweep (one interval of grace for samples still in flight). Returns those.
     pub fn sweep(&mut self) -> Vec<u32> {
         let forgotten: Vec<u32> = self.processes.iter().filter(|(_, p)| p.exited).map(|(tgid, _)| *tgid).collect();
+        let now = Instant::now();
+        for mapping in self.processes.values().filter(|p| p.exited).flat_map(|p| &p.mappings) {
+            if let MappingTarget::File(binary) = &mapping.target {
+                self.idle.insert(binary.id, (binary.clone(), now));
+            }
+        }
+        self.idle.retain(|_, (_, since)| now.duration_since(*since) < KEEP_IDLE);
+        if self.idle.len() > MAX_IDLE {
+            let mut by_age: Vec<((u64, u64), Instant)> = self.idle.iter().map(|(id, (_, since))| (*id, *since)).collect();
+            by_age.sort_by_key(|(_, since)| *since);
+            by_age.iter().take(self.idle.len() - MAX_IDLE).for_each(|(id, _)| drop(self.idle.remove(id)));
+        }
         self.processes.retain(|_, p| !p.exited);
         self.earlier.retain(|_, lives| {
             lives.retain_mut(|p| !std::mem::replace(&mut p.exited, true));

@@ -94,7 +94,7 @@ const MIX_LEN: u64 = 4;
 
 /// Starts `rate` processes a second for `length`, cycling through the mix; waits for the
 /// last to exit. Returns how many it started.
-fn churn(rate: u64, length: Duration) -> Result<u64> {
+pub(super) fn churn(rate: u64, length: Duration) -> Result<u64> {
     let start = Instant::now();
     if rate == 0 {
         std::thread::sleep(length);
