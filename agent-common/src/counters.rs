@@ -44,13 +44,15 @@ pub mod counter {
     pub const UNWIND_STOPS: u32 = 16;
     /// Python walks by how they ended, one counter per `python_stop` reason.
     pub const PYTHON_STOPS: u32 = UNWIND_STOPS + crate::unwind_stop::COUNT;
+    /// Page-fault samples recorded (the `faults` group), each standing for its period.
+    pub const FAULT_SAMPLES: u32 = PYTHON_STOPS + crate::python_stop::COUNT;
     /// What the programs cost, measured by themselves while `MEASURE_RUN_TIME` is set (under
     /// a CPU budget), by source (`run::ON_CPU`, `run::OFF_CPU`, `run::NET`), at index
     /// `RUN_NS + run::SLOTS * source + slot`, the nanoseconds and number of runs that recorded
     /// something (the part a sampling rate scales) and of runs that recorded nothing (sampled
     /// out, filtered, idle: the part no rate lowers). A program's own clock misses what the
     /// kernel spends to enter and leave it; the run counts let the agent add that.
-    pub const RUN_NS: u32 = PYTHON_STOPS + crate::python_stop::COUNT;
+    pub const RUN_NS: u32 = FAULT_SAMPLES + 1;
     /// Number of counters.
     pub const COUNT: u32 = RUN_NS + super::run::SLOTS * super::run::SOURCES;
 
@@ -84,6 +86,7 @@ pub mod counter {
         (PYTHON_STOPS + 1, "python_stop_no_thread"),
         (PYTHON_STOPS + 2, "python_stop_read_fault"),
         (PYTHON_STOPS + 3, "python_stop_depth"),
+        (FAULT_SAMPLES, "fault_samples"),
         (RUN_NS + 0, "bpf_run_ns_on_cpu"),
         (RUN_NS + 1, "bpf_runs_on_cpu"),
         (RUN_NS + 2, "bpf_run_ns_skipped_on_cpu"),

@@ -52,6 +52,8 @@ pub const RATES: &str = "RATES";
 /// Global: `[FieldLayout; 6]`, one per network kind from `kind::FIRST_NET`.
 pub const NET_LAYOUTS: &str = "NET_LAYOUTS";
 pub const PROG_SAMPLE: &str = "sample_cpu";
+/// The `faults` group: a perf_event program on the software page-faults event.
+pub const PROG_FAULT: &str = "sample_fault";
 pub const PROG_EXEC: &str = "process_exec";
 pub const PROG_EXIT: &str = "process_exit";
 pub const PROG_FORK: &str = "process_fork";

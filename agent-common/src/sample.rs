@@ -57,9 +57,12 @@ pub mod kind {
     pub const NAPI_GRO_RECEIVE_ENTRY: u8 = 5;
     pub const TCP_RETRANSMIT_SKB: u8 = 6;
     pub const KFREE_SKB: u8 = 7;
-    pub const COUNT: usize = 8;
+    /// A page fault in user memory (the `faults` group), sampled every `period` faults.
+    pub const PAGE_FAULT: u8 = 8;
+    pub const COUNT: usize = 9;
     /// The network kinds, in order, as indices into `NET_LAYOUTS`.
     pub const FIRST_NET: u8 = NET_DEV_QUEUE;
+    pub const NET_COUNT: usize = (KFREE_SKB - FIRST_NET) as usize + 1;
 }
 
 /// Why a sample key carries no stack id. The sample itself is still counted.

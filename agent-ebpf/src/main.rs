@@ -1,12 +1,14 @@
 //! Ember's kernel side: capture and aggregate only. Names, paths and symbols are userspace
 //! work; everything that cannot be kept is counted by reason in the set's counter array.
 //!
-//! Programs, a file each: `oncpu` (perf_event), `offcpu` (sched_switch), `network` (one
-//! program per net tracepoint, and the socket's last sender), `process_life` (fork, exec,
-//! exit, code replaced in place, cgroup moves). What they share: `buffers` (the A/B sets and
-//! their counters), `aggregate` (adding to a key), `walk` (user stacks) with `python` (Python frames) and `hash`, `announce` (telling
-//! userspace of a process), `task` and `thread_cache` (what a key says of the current task),
-//! `config` (filters, layouts and rates set by userspace), `run_time` (measuring themselves).
+//! Programs, a file each: `oncpu` (perf_event), `faults` (perf_event on page faults),
+//! `offcpu` (sched_switch), `network` (one program per net tracepoint, and the socket's last
+//! sender), `process_life` (fork, exec, exit, code replaced in place, cgroup moves). What they
+//! share: `buffers` (the A/B sets and their counters), `aggregate` (adding to a key),
+//! `perf_sample` (a perf event's sample), `walk` (user stacks) with `python` (Python frames)
+//! and `hash`, `announce` (telling userspace of a process), `task` and `thread_cache` (what a
+//! key says of the current task), `config` (filters, layouts and rates set by userspace),
+//! `run_time` (measuring themselves).
 #![no_std]
 #![no_main]
 // Inline assembly, for two instructions the compiler must not rewrite (`walk::search`).
@@ -16,10 +18,12 @@ mod aggregate;
 mod announce;
 mod buffers;
 mod config;
+mod faults;
 mod hash;
 mod network;
 mod offcpu;
 mod oncpu;
+mod perf_sample;
 mod process_life;
 mod python;
 mod run_time;

@@ -18,7 +18,7 @@ use crate::{
     walk,
 };
 
-const NET_KINDS: usize = kind::COUNT - kind::FIRST_NET as usize;
+const NET_KINDS: usize = kind::NET_COUNT;
 
 /// Socket (struct sock address) to its last sender and send stacks.
 #[map]

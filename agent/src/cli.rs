@@ -151,9 +151,14 @@ pub struct SymbolArgs {
 #[derive(Args, Debug, Clone, Default)]
 pub struct SamplingArgs {
     /// Event groups to record: cpu (on-CPU sampling), offcpu (blocked time, by where threads
-    /// blocked; with cpu also a wall-clock profile), net (network tracepoints) [default: cpu].
-    #[arg(long, value_delimiter = ',', value_parser = ["cpu", "offcpu", "net"])]
+    /// blocked; with cpu also a wall-clock profile), net (network tracepoints), faults (page
+    /// faults: where memory is first touched) [default: cpu].
+    #[arg(long, value_delimiter = ',', value_parser = ["cpu", "offcpu", "net", "faults"])]
     pub events: Vec<String>,
+    /// Faults: record one page fault in N on each CPU (each sample stands for N)
+    /// [default: 1000].
+    #[arg(long)]
+    pub fault_period: Option<u64>,
     /// Network tracepoints for the net group [default: net:net_dev_queue,
     /// net:netif_receive_skb, tcp:tcp_retransmit_skb, skb:kfree_skb].
     #[arg(long, value_delimiter = ',')]

@@ -25,6 +25,8 @@ pub fn view(kind: &str) -> View {
         "net-rx" => View { value: 1, roots: &["ran_on_comm", "device"] },
         "net-retransmit" => View { value: 0, roots: &["ran_on_comm"] },
         "net-drop" => View { value: 0, roots: &["reason", "ran_on_comm"] },
+        // Memory grows by bytes.
+        "faults" => View { value: 1, roots: &["comm"] },
         _ => View { value: 0, roots: &["comm"] },
     }
 }

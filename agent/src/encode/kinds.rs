@@ -15,10 +15,16 @@ pub enum ProfileKind {
     NetRx,
     NetRetransmit,
     NetDrop,
+    /// Page faults: where memory is first touched.
+    Faults,
 }
 
+/// Bytes a page fault stands for: a base page. (A fault that maps a transparent huge page
+/// maps 512 of them and counts one.)
+const FAULT_BYTES: i64 = 4096;
+
 impl ProfileKind {
-    pub const ALL: [ProfileKind; 7] = [
+    pub const ALL: [ProfileKind; 8] = [
         ProfileKind::Cpu,
         ProfileKind::OffCpu,
         ProfileKind::Wall,
@@ -26,6 +32,7 @@ impl ProfileKind {
         ProfileKind::NetRx,
         ProfileKind::NetRetransmit,
         ProfileKind::NetDrop,
+        ProfileKind::Faults,
     ];
 
     pub fn name(self) -> &'static str {
@@ -37,6 +44,7 @@ impl ProfileKind {
             ProfileKind::NetRx => "net-rx",
             ProfileKind::NetRetransmit => "net-retransmit",
             ProfileKind::NetDrop => "net-drop",
+            ProfileKind::Faults => "faults",
         }
     }
 
@@ -50,6 +58,7 @@ impl ProfileKind {
             ProfileKind::NetRx => event_kind == kind::NETIF_RECEIVE_SKB || event_kind == kind::NAPI_GRO_RECEIVE_ENTRY,
             ProfileKind::NetRetransmit => event_kind == kind::TCP_RETRANSMIT_SKB,
             ProfileKind::NetDrop => event_kind == kind::KFREE_SKB,
+            ProfileKind::Faults => event_kind == kind::PAGE_FAULT,
         }
     }
 
@@ -61,6 +70,7 @@ impl ProfileKind {
             ProfileKind::Wall => &[("wall", "nanoseconds")],
             ProfileKind::NetTx | ProfileKind::NetRx => &[("packets", "count"), ("bytes", "bytes")],
             ProfileKind::NetRetransmit | ProfileKind::NetDrop => &[("packets", "count")],
+            ProfileKind::Faults => &[("page_faults", "count"), ("fault_bytes", "bytes")],
         }
     }
 
@@ -76,6 +86,8 @@ impl ProfileKind {
             ProfileKind::Wall if sample.kind == kind::ON_CPU => vec![on_cpu_ns],
             ProfileKind::Wall => vec![total],
             ProfileKind::NetRetransmit | ProfileKind::NetDrop => vec![count],
+            // A sample stands for its period's faults.
+            ProfileKind::Faults => vec![total, total * FAULT_BYTES],
         }
     }
 
@@ -84,7 +96,7 @@ impl ProfileKind {
     /// "owned by". Transmits are attributed to the socket's sender (see `comment`).
     pub fn task_label_prefix(self) -> &'static str {
         match self {
-            ProfileKind::Cpu | ProfileKind::OffCpu | ProfileKind::Wall | ProfileKind::NetTx => "",
+            ProfileKind::Cpu | ProfileKind::OffCpu | ProfileKind::Wall | ProfileKind::NetTx | ProfileKind::Faults => "",
             _ => "ran_on_",
         }
     }
@@ -92,6 +104,10 @@ impl ProfileKind {
     pub fn comment(self) -> Option<&'static str> {
         match self {
             ProfileKind::Cpu | ProfileKind::OffCpu | ProfileKind::Wall => None,
+            ProfileKind::Faults => Some(
+                "ember.note=each page-fault sample stands for its period's faults, a 4 KiB page each \
+                 (a fault that maps a transparent huge page counts one page)",
+            ),
             ProfileKind::NetTx => Some(
                 "ember.note=transmits are attributed to the socket's last sender with its send stacks \
                  (attributed_to=socket-owner); packets with no known sender (ACKs from softirq, forwarded traffic) \

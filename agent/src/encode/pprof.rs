@@ -170,7 +170,7 @@ pub fn build(interval: &ResolvedInterval, symbols: &Symbolizer, info: &ProfileIn
                 }
             }
             ProfileKind::NetDrop => label.push(b.label_str("reason", sample.reason.as_deref().unwrap_or(""))),
-            ProfileKind::Cpu | ProfileKind::NetRetransmit => {}
+            ProfileKind::Cpu | ProfileKind::NetRetransmit | ProfileKind::Faults => {}
         }
         let values = kind.values(sample, nominal_period);
         let key = (location_id, label.iter().map(|l| (l.key, l.str, l.num)).collect());

@@ -85,6 +85,8 @@ pub struct KernelSettings {
     pub off_cpu: Option<OffCpuSettings>,
     /// Network tracepoints to record.
     pub net: Vec<NetEvent>,
+    /// Page faults (the `faults` group): one in how many is sampled on each CPU, if enabled.
+    pub fault_period: Option<u64>,
     /// Distinct (thread, stack) keys per interval; events beyond are counted as `map_full`.
     pub max_keys: u32,
     /// Distinct user stacks, and distinct kernel stacks, per interval.
@@ -115,6 +117,7 @@ impl KernelSettings {
             frequency: 97,
             off_cpu: None,
             net: Vec::new(),
+            fault_period: None,
             max_keys: 64,
             max_stacks: 64,
             unwind_rows: 64,

@@ -11,7 +11,11 @@ use agent_common::{names, OffCpuStart, Rates, SampleKey, SampleValue, SocketOwne
 use anyhow::{Context as _, Result};
 use aya::{
     maps::{Array, HashMap as BpfHashMap, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap},
-    programs::{trace_point::TracePointLinkId, PerfEvent, ProgramError, ProgramInfo, TracePoint},
+    programs::{
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+        trace_point::TracePointLinkId,
+        PerfEvent, ProgramError, ProgramInfo, TracePoint,
+    },
     util::{nr_cpus, online_cpus},
     Ebpf, EbpfLoader,
 };
@@ -182,6 +186,10 @@ impl Sampler {
             None
         };
 
+        if let Some(period) = settings.fault_period {
+            attach_fault_sampler(&mut ebpf, period)?;
+        }
+
         let sets = [0, 1].map(|i| -> Result<BufferSet> {
             Ok(BufferSet {
                 counts: PerCpuHashMap::try_from(take(&mut ebpf, names::COUNTS[i])?)?,
@@ -248,6 +256,20 @@ impl Sampler {
     pub fn stop(&mut self) {
         self.ebpf = None;
     }
+}
+
+/// The `faults` group: the software page-faults event on every online CPU, sampled every
+/// `period` faults, drives its program. The events stay attached as long as the programs.
+fn attach_fault_sampler(ebpf: &mut Ebpf, period: u64) -> Result<()> {
+    let prog: &mut PerfEvent = ebpf.program_mut(names::PROG_FAULT).context("program missing")?.try_into()?;
+    prog.load().map_err(|e| anyhow::anyhow!("loading {}: {e}{}", names::PROG_FAULT, chain(&e)))?;
+    log_verified(names::PROG_FAULT, prog.info());
+    for cpu in online_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))? {
+        let event = PerfEventConfig::Software(SoftwareEvent::PageFaults);
+        prog.attach(event, PerfEventScope::AllProcessesOneCpu { cpu }, SamplePolicy::Period(period), false)
+            .map_err(|e| anyhow::anyhow!("attaching the page-fault sampler to CPU {cpu}: {e}{}", chain(&e)))?;
+    }
+    Ok(())
 }
 
 /// Loads one tracepoint program and attaches it to each of `tracepoints` (category, name).

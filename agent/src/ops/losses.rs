@@ -27,7 +27,8 @@ pub fn report(losses: Losses) {
             | counter::IDLE
             | counter::FILTERED
             | counter::NET_FILTERED
-            | counter::OFF_CPU_OUT_OF_RANGE => {
+            | counter::OFF_CPU_OUT_OF_RANGE
+            | counter::FAULT_SAMPLES => {
                 ("ember_events_total", Some("event"))
             }
             counter::RUN_NS.. => continue, // a cost, not an event: the governor reports it

@@ -33,8 +33,9 @@ pub struct FileConfig {
     pub unwind_table_mib: Option<f64>,
     pub pids: Option<Vec<u32>>,
     pub cgroup: Option<String>,
-    /// "cpu", "offcpu", "net".
+    /// "cpu", "offcpu", "net", "faults".
     pub events: Option<Vec<String>>,
+    pub fault_period: Option<u64>,
     pub net_events: Option<Vec<String>>,
     pub offcpu_min_block: Option<String>,
     pub offcpu_max_block: Option<String>,

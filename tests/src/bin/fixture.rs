@@ -12,6 +12,9 @@
 //!   without freeing them: the kernel tears them down on its way out, after the exit
 //!   tracepoint, while the process is still sampled. Prints nothing.
 //! - `read-zero`: main -> read_zero, reading /dev/zero in 1 MiB blocks. Prints rounds.
+//! - `faults`: maps ARGS[0] MiB (default 100) of fresh memory, without huge pages, and
+//!   touches each page once: 70% of them from `touch_most`, 30% from `touch_rest`, in
+//!   alternating runs of 64 pages; then idles until SECONDS. Prints "<pages most> <pages rest>".
 //! - `stacks`: main -> descend -> descend -> ... (1 to 48 deep, cycling) -> burn: many short
 //!   distinct stacks, for stressing the stack maps. Prints rounds.
 //! - `block`: thread `sleeper` loops on nanosleep(10 ms); thread `reader` blocks in read()
@@ -53,6 +56,22 @@ fn burn(iterations: u64) -> u64 {
 #[inline(never)]
 fn hot_a() -> u64 {
     black_box(burn(UNIT)) + 1
+}
+
+/// Writes one byte in each page of `pages`: a page fault each, the first time.
+#[inline(never)]
+fn touch_most(pages: &mut [u8]) {
+    for page in pages.chunks_mut(4096) {
+        unsafe { std::ptr::write_volatile(page.as_mut_ptr(), 1) };
+    }
+}
+
+// Different code from touch_most (the value written): identical functions get merged.
+#[inline(never)]
+fn touch_rest(pages: &mut [u8]) {
+    for page in pages.chunks_mut(4096) {
+        unsafe { std::ptr::write_volatile(page.as_mut_ptr(), 2) };
+    }
 }
 
 // Different code from hot_a (+ 2): identical functions get merged in optimized builds,
@@ -251,6 +270,29 @@ fn main() {
                 rounds += 1;
             }
             println!("{rounds}");
+        }
+        "faults" => {
+            let mib: usize = rest.first().map_or(100, |m| m.parse().expect("faults MiB"));
+            let length = mib << 20;
+            let memory = unsafe { libc::mmap(std::ptr::null_mut(), length, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+            assert_ne!(memory, libc::MAP_FAILED, "mapping {mib} MiB");
+            // A huge page would take 512 pages' worth in one fault.
+            assert_eq!(unsafe { libc::madvise(memory, length, libc::MADV_NOHUGEPAGE) }, 0);
+            let memory = unsafe { std::slice::from_raw_parts_mut(memory as *mut u8, length) };
+            // Runs of 64 pages, 7 of every 10 to touch_most: sampling every N faults cannot
+            // lock on to one of them.
+            let (mut most, mut rest_pages) = (0usize, 0usize);
+            for (run, pages) in memory.chunks_mut(64 * 4096).enumerate() {
+                if run % 10 < 7 {
+                    touch_most(pages);
+                    most += pages.len() / 4096;
+                } else {
+                    touch_rest(pages);
+                    rest_pages += pages.len() / 4096;
+                }
+            }
+            println!("{most} {rest_pages}");
+            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
         }
         "read-zero" => {
             let file = std::fs::File::open("/dev/zero").expect("opening /dev/zero");

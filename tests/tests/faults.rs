@@ -1,0 +1,49 @@
+//! The `faults` group end to end: a process touches 100 MiB of fresh memory, one page fault
+//! a page, 70% of the pages from one function and 30% from another. Its page-fault profile
+//! adds up to the bytes it touched, split between the two functions as they touched them.
+//! Needs root.
+use std::time::Duration;
+
+use ember_tests::{require_root, Agent, Decoded, Fixture, TempDir};
+
+const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
+const MIB: u64 = 100;
+/// One fault in 16: some 1,600 samples of the fixture's 25,600 faults.
+const PERIOD: &str = "16";
+
+#[test]
+fn page_faults_add_up_to_the_memory_touched_and_split_by_where() {
+    require_root();
+    let dir = TempDir::new("faults");
+    let out = dir.path("profiles");
+    let args = ["run", "--events", "faults", "--fault-period", PERIOD, "--interval", "1s", "--output-dir", out.to_str().unwrap()];
+    let mut agent = Agent::spawn(&args);
+    agent.wait_ready();
+    // Started after the agent: it is covered from its exec on.
+    let mut fixture = Fixture::spawn_with(std::process::Command::new(FIXTURE), "faults", 2.0, &[&MIB.to_string()]);
+    let pid = fixture.pid();
+    fixture.start();
+    let run = fixture.finish();
+    std::thread::sleep(Duration::from_millis(1500));
+    agent.signal(libc::SIGINT);
+    let stderr = agent.wait_success(Duration::from_secs(30));
+    let (most_pages, rest_pages) = (run.lines[0][0], run.lines[0][1]);
+    assert_eq!((most_pages + rest_pages) * 4096, MIB << 20, "the fixture touched every page: {:?}", run.lines);
+
+    let profiles = Decoded::read_kind(&out, "faults");
+    assert!(!profiles.is_empty(), "no page-fault profile was written:\n{stderr}");
+    let samples: Vec<_> = profiles.iter().flat_map(|p| p.samples_of(pid)).collect();
+    let bytes_in = |function: &str| Decoded::sum(&samples.iter().copied().filter(|s| s.has_function(function)).collect::<Vec<_>>(), 1) as f64;
+    let (total, most, rest) = (Decoded::sum(&samples, 1) as f64, bytes_in("fixture::touch_most"), bytes_in("fixture::touch_rest"));
+    let touched = (MIB << 20) as f64;
+    println!(
+        "{} samples: {:.1} MiB of faults ({:.1} in touch_most, {:.1} in touch_rest), {MIB} MiB touched ({most_pages} and {rest_pages} pages)",
+        samples.len(), total / 1048576.0, most / 1048576.0, rest / 1048576.0
+    );
+    // The process's own start-up faults (loader, libc, stack) come on top: a few hundred KiB.
+    assert!((total - touched).abs() <= 0.05 * touched, "page faults add up to {:.1} MiB; {MIB} MiB were touched", total / 1048576.0);
+    let share = most / (most + rest);
+    let truth = most_pages as f64 / (most_pages + rest_pages) as f64;
+    assert!((share - truth).abs() <= 0.02, "touch_most took {share:.3} of the two functions' faults; it touched {truth:.3} of the pages");
+    assert!(most + rest >= 0.95 * touched, "{:.1} MiB of faults named the two functions", (most + rest) / 1048576.0);
+}
