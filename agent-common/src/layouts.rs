@@ -69,5 +69,6 @@ pub struct TaskLayout {
     pub i_ino: u32,
     pub i_sb: u32,
     pub s_dev: u32,
-    pub _pad: u32,
+    /// In `struct mm_struct`, `brk`: the heap's end, from which a brk call grows it.
+    pub brk: u32,
 }

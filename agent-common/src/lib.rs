@@ -7,6 +7,7 @@ mod layouts;
 pub mod names;
 mod network;
 mod offcpu;
+mod memory;
 mod process;
 mod python;
 mod rates;
@@ -16,6 +17,7 @@ mod unwind;
 pub use counters::{counter, run};
 pub use layouts::{AreaLayout, FieldLayout, SwitchLayout, TaskLayout};
 pub use network::{attribution, SocketOwner};
+pub use memory::{memory_call, RequestLayout};
 pub use offcpu::{block_state, OffCpuStart};
 pub use process::{ExeImage, ProcessEvent};
 pub use python::{
@@ -41,6 +43,7 @@ mod pod {
     unsafe impl aya::Pod for super::SwitchLayout {}
     unsafe impl aya::Pod for super::TaskLayout {}
     unsafe impl aya::Pod for super::AreaLayout {}
+    unsafe impl aya::Pod for super::RequestLayout {}
     unsafe impl aya::Pod for super::UserStack {}
     unsafe impl aya::Pod for super::UnwindRow {}
     unsafe impl aya::Pod for super::ProcessMappings {}

@@ -54,6 +54,11 @@ pub const NET_LAYOUTS: &str = "NET_LAYOUTS";
 pub const PROG_SAMPLE: &str = "sample_cpu";
 /// The `faults` group: a perf_event program on the software page-faults event.
 pub const PROG_FAULT: &str = "sample_fault";
+/// The `faults` group's programs on syscalls:sys_enter_brk and sys_enter_mmap.
+pub const PROG_BRK: &str = "brk_called";
+pub const PROG_MMAP: &str = "mmap_called";
+/// Global: `RequestLayout`.
+pub const REQUEST_LAYOUT: &str = "REQUEST_LAYOUT";
 pub const PROG_EXEC: &str = "process_exec";
 pub const PROG_EXIT: &str = "process_exit";
 pub const PROG_FORK: &str = "process_fork";

@@ -59,7 +59,10 @@ pub mod kind {
     pub const KFREE_SKB: u8 = 7;
     /// A page fault in user memory (the `faults` group), sampled every `period` faults.
     pub const PAGE_FAULT: u8 = 8;
-    pub const COUNT: usize = 9;
+    /// A call that asked the kernel for memory (`brk`, anonymous `mmap`), weighed by the
+    /// bytes asked for; `SampleKey::aux` says which (`memory_call`).
+    pub const MEMORY_REQUEST: u8 = 9;
+    pub const COUNT: usize = 10;
     /// The network kinds, in order, as indices into `NET_LAYOUTS`.
     pub const FIRST_NET: u8 = NET_DEV_QUEUE;
     pub const NET_COUNT: usize = (KFREE_SKB - FIRST_NET) as usize + 1;

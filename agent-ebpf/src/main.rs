@@ -2,13 +2,13 @@
 //! work; everything that cannot be kept is counted by reason in the set's counter array.
 //!
 //! Programs, a file each: `oncpu` (perf_event), `faults` (perf_event on page faults),
-//! `offcpu` (sched_switch), `network` (one program per net tracepoint, and the socket's last
-//! sender), `process_life` (fork, exec, exit, code replaced in place, cgroup moves). What they
-//! share: `buffers` (the A/B sets and their counters), `aggregate` (adding to a key),
-//! `perf_sample` (a perf event's sample), `walk` (user stacks) with `python` (Python frames)
-//! and `hash`, `announce` (telling userspace of a process), `task` and `thread_cache` (what a
-//! key says of the current task), `config` (filters, layouts and rates set by userspace),
-//! `run_time` (measuring themselves).
+//! `memory_requests` (brk and anonymous mmap calls), `offcpu` (sched_switch), `network` (one
+//! program per net tracepoint, and the socket's last sender), `process_life` (fork, exec,
+//! exit, code replaced in place, cgroup moves). What they share: `buffers` (the A/B sets and
+//! their counters), `aggregate` (adding to a key), `perf_sample` (a perf event's sample),
+//! `walk` (user stacks) with `python` (Python frames) and `hash`, `announce` (telling
+//! userspace of a process), `task` and `thread_cache` (what a key says of the current task),
+//! `config` (filters, layouts and rates set by userspace), `run_time` (measuring themselves).
 #![no_std]
 #![no_main]
 // Inline assembly, for two instructions the compiler must not rewrite (`walk::search`).
@@ -20,6 +20,7 @@ mod buffers;
 mod config;
 mod faults;
 mod hash;
+mod memory_requests;
 mod network;
 mod offcpu;
 mod oncpu;

@@ -25,7 +25,7 @@ pub static TASK_LAYOUT: TaskLayout = TaskLayout {
     i_ino: 0,
     i_sb: 0,
     s_dev: 0,
-    _pad: 0,
+    brk: 0,
 };
 
 /// Per tgid, how many times the process mapped something where its code was since its exec
@@ -82,6 +82,17 @@ pub fn current_exe() -> ExeImage {
             dev: *(sb.add(layout.s_dev as usize) as *const u32),
             _pad: 0,
         }
+    }
+}
+
+/// The current process's heap end (`mm->brk`; 0 for a kernel thread).
+#[inline(always)]
+pub fn current_brk() -> u64 {
+    let layout = config(&TASK_LAYOUT);
+    unsafe {
+        let task = bpf_get_current_task_btf() as *const u8;
+        let mm = *(task.add(layout.mm as usize) as *const *const u8);
+        *(mm.add(layout.brk as usize) as *const u64)
     }
 }
 

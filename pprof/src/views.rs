@@ -27,6 +27,7 @@ pub fn view(kind: &str) -> View {
         "net-drop" => View { value: 0, roots: &["reason", "ran_on_comm"] },
         // Memory grows by bytes.
         "faults" => View { value: 1, roots: &["comm"] },
+        "memory-requests" => View { value: 1, roots: &["comm", "call"] },
         _ => View { value: 0, roots: &["comm"] },
     }
 }

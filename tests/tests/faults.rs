@@ -1,7 +1,7 @@
 //! The `faults` group end to end: a process touches 100 MiB of fresh memory, one page fault
 //! a page, 70% of the pages from one function and 30% from another. Its page-fault profile
 //! adds up to the bytes it touched, split between the two functions as they touched them.
-//! Needs root.
+//! Calls that ask the kernel for memory (brk, anonymous mmap) are counted exactly. Needs root.
 use std::time::Duration;
 
 use ember_tests::{require_root, Agent, Decoded, Fixture, TempDir};
@@ -46,4 +46,37 @@ fn page_faults_add_up_to_the_memory_touched_and_split_by_where() {
     let truth = most_pages as f64 / (most_pages + rest_pages) as f64;
     assert!((share - truth).abs() <= 0.02, "touch_most took {share:.3} of the two functions' faults; it touched {truth:.3} of the pages");
     assert!(most + rest >= 0.95 * touched, "{:.1} MiB of faults named the two functions", (most + rest) / 1048576.0);
+}
+
+/// The memory-request half of the group: every brk and anonymous mmap call is recorded with
+/// its stacks and the bytes it asked for, exactly, by call.
+#[test]
+fn memory_requests_are_counted_exactly_by_call_and_caller() {
+    require_root();
+    let dir = TempDir::new("memory-requests");
+    let out = dir.path("profiles");
+    let args = ["run", "--events", "faults", "--interval", "1s", "--output-dir", out.to_str().unwrap()];
+    let mut agent = Agent::spawn(&args);
+    agent.wait_ready();
+    let mut fixture = Fixture::spawn_with(std::process::Command::new(FIXTURE), "requests", 2.0, &[]);
+    let pid = fixture.pid();
+    fixture.start();
+    let run = fixture.finish();
+    std::thread::sleep(Duration::from_millis(1500));
+    agent.signal(libc::SIGINT);
+    let stderr = agent.wait_success(Duration::from_secs(30));
+    let asked: Vec<u64> = run.lines[0].iter().map(|mib| mib << 20).collect();
+
+    let profiles = Decoded::read_kind(&out, "memory-requests");
+    assert!(!profiles.is_empty(), "no memory-request profile was written:\n{stderr}");
+    let samples: Vec<_> = profiles.iter().flat_map(|p| p.samples_of(pid)).collect();
+    let in_fn = |function: &str, call: &str| {
+        let of = samples.iter().copied().filter(|s| s.has_function(function) && s.labels.get("call").is_some_and(|c| c == call)).collect::<Vec<_>>();
+        (Decoded::sum(&of, 0), Decoded::sum(&of, 1) as u64)
+    };
+    let (most, rest, heap) = (in_fn("fixture::ask_most", "mmap"), in_fn("fixture::ask_rest", "mmap"), in_fn("fixture::grow_heap", "brk"));
+    println!("ask_most {most:?}, ask_rest {rest:?}, grow_heap {heap:?} (calls, bytes); asked {asked:?}");
+    assert_eq!((most.0, most.1), (70, asked[0]), "ask_most's mmap calls");
+    assert_eq!((rest.0, rest.1), (30, asked[1]), "ask_rest's mmap calls");
+    assert_eq!((heap.0, heap.1), (2, asked[2]), "grow_heap's brk calls");
 }

@@ -1,7 +1,7 @@
 //! The profiles Ember writes, one per kind per interval, and what each one measures. A
 //! profile kind gathers one or more event kinds (`agent_common::kind`) and says how their
 //! counts and totals become pprof sample values and labels.
-use agent_common::{attribution, block_state, kind};
+use agent_common::{attribution, block_state, kind, memory_call};
 
 use crate::resolve::ResolvedSample;
 
@@ -17,6 +17,8 @@ pub enum ProfileKind {
     NetDrop,
     /// Page faults: where memory is first touched.
     Faults,
+    /// brk and anonymous mmap calls: who asks the kernel for memory.
+    MemoryRequests,
 }
 
 /// Bytes a page fault stands for: a base page. (A fault that maps a transparent huge page
@@ -24,7 +26,7 @@ pub enum ProfileKind {
 const FAULT_BYTES: i64 = 4096;
 
 impl ProfileKind {
-    pub const ALL: [ProfileKind; 8] = [
+    pub const ALL: [ProfileKind; 9] = [
         ProfileKind::Cpu,
         ProfileKind::OffCpu,
         ProfileKind::Wall,
@@ -33,6 +35,7 @@ impl ProfileKind {
         ProfileKind::NetRetransmit,
         ProfileKind::NetDrop,
         ProfileKind::Faults,
+        ProfileKind::MemoryRequests,
     ];
 
     pub fn name(self) -> &'static str {
@@ -45,6 +48,7 @@ impl ProfileKind {
             ProfileKind::NetRetransmit => "net-retransmit",
             ProfileKind::NetDrop => "net-drop",
             ProfileKind::Faults => "faults",
+            ProfileKind::MemoryRequests => "memory-requests",
         }
     }
 
@@ -59,6 +63,7 @@ impl ProfileKind {
             ProfileKind::NetRetransmit => event_kind == kind::TCP_RETRANSMIT_SKB,
             ProfileKind::NetDrop => event_kind == kind::KFREE_SKB,
             ProfileKind::Faults => event_kind == kind::PAGE_FAULT,
+            ProfileKind::MemoryRequests => event_kind == kind::MEMORY_REQUEST,
         }
     }
 
@@ -71,6 +76,7 @@ impl ProfileKind {
             ProfileKind::NetTx | ProfileKind::NetRx => &[("packets", "count"), ("bytes", "bytes")],
             ProfileKind::NetRetransmit | ProfileKind::NetDrop => &[("packets", "count")],
             ProfileKind::Faults => &[("page_faults", "count"), ("fault_bytes", "bytes")],
+            ProfileKind::MemoryRequests => &[("requests", "count"), ("requested_bytes", "bytes")],
         }
     }
 
@@ -82,7 +88,7 @@ impl ProfileKind {
         let on_cpu_ns = nominal_period.map_or(total, |period| count * period);
         match self {
             ProfileKind::Cpu => vec![count, on_cpu_ns],
-            ProfileKind::OffCpu | ProfileKind::NetTx | ProfileKind::NetRx => vec![count, total],
+            ProfileKind::OffCpu | ProfileKind::NetTx | ProfileKind::NetRx | ProfileKind::MemoryRequests => vec![count, total],
             ProfileKind::Wall if sample.kind == kind::ON_CPU => vec![on_cpu_ns],
             ProfileKind::Wall => vec![total],
             ProfileKind::NetRetransmit | ProfileKind::NetDrop => vec![count],
@@ -96,14 +102,14 @@ impl ProfileKind {
     /// "owned by". Transmits are attributed to the socket's sender (see `comment`).
     pub fn task_label_prefix(self) -> &'static str {
         match self {
-            ProfileKind::Cpu | ProfileKind::OffCpu | ProfileKind::Wall | ProfileKind::NetTx | ProfileKind::Faults => "",
+            ProfileKind::Cpu | ProfileKind::OffCpu | ProfileKind::Wall | ProfileKind::NetTx | ProfileKind::Faults | ProfileKind::MemoryRequests => "",
             _ => "ran_on_",
         }
     }
 
     pub fn comment(self) -> Option<&'static str> {
         match self {
-            ProfileKind::Cpu | ProfileKind::OffCpu | ProfileKind::Wall => None,
+            ProfileKind::Cpu | ProfileKind::OffCpu | ProfileKind::Wall | ProfileKind::MemoryRequests => None,
             ProfileKind::Faults => Some(
                 "ember.note=each page-fault sample stands for its period's faults, a 4 KiB page each \
                  (a fault that maps a transparent huge page counts one page)",
@@ -142,6 +148,15 @@ pub fn tracepoint_label(event_kind: u8) -> &'static str {
         kind::TCP_RETRANSMIT_SKB => "tcp:tcp_retransmit_skb",
         kind::KFREE_SKB => "skb:kfree_skb",
         _ => "",
+    }
+}
+
+/// Which call asked for memory, for the `call` label of memory-request profiles.
+pub fn call_label(aux: u32) -> &'static str {
+    match aux {
+        memory_call::BRK => "brk",
+        memory_call::MMAP => "mmap",
+        _ => "other",
     }
 }
 

@@ -8,7 +8,7 @@ use agent_common::counter;
 use ember_proto::pprof::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
 use ember_pprof::{StringIndex, JIT_MAPPING, KERNEL_MAPPING, PYTHON_MAPPING};
 
-use super::kinds::{attribution_label, state_label, tracepoint_label, ProfileKind};
+use super::kinds::{attribution_label, call_label, state_label, tracepoint_label, ProfileKind};
 use crate::{
     kernel::Event,
     resolve::{PythonFrame, ResolvedInterval, Site, UserAddress},
@@ -170,6 +170,7 @@ pub fn build(interval: &ResolvedInterval, symbols: &Symbolizer, info: &ProfileIn
                 }
             }
             ProfileKind::NetDrop => label.push(b.label_str("reason", sample.reason.as_deref().unwrap_or(""))),
+            ProfileKind::MemoryRequests => label.push(b.label_str("call", call_label(sample.state))),
             ProfileKind::Cpu | ProfileKind::NetRetransmit | ProfileKind::Faults => {}
         }
         let values = kind.values(sample, nominal_period);

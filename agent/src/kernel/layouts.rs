@@ -1,7 +1,7 @@
 //! Where the kernel keeps the fields the programs read, discovered at start-up rather than
 //! hard-coded: tracepoint field offsets from tracefs format files, and `sk_buff.sk` and
 //! `task_struct`'s fields from kernel BTF. The loader passes them to the programs as globals.
-use agent_common::{kind, AreaLayout, FieldLayout, SwitchLayout, TaskLayout};
+use agent_common::{kind, AreaLayout, FieldLayout, RequestLayout, SwitchLayout, TaskLayout};
 use anyhow::Result;
 
 use super::{btf::Btf, events::NetEvent, tracefs::Format};
@@ -38,8 +38,14 @@ pub(super) fn task_layout(btf: &Btf) -> Result<TaskLayout> {
         i_ino: btf.member_offset("inode", "i_ino")?,
         i_sb: btf.member_offset("inode", "i_sb")?,
         s_dev: btf.member_offset("super_block", "s_dev")?,
-        _pad: 0,
+        brk: btf.member_offset("mm_struct", "brk")?,
     })
+}
+
+/// Where the brk and mmap syscall tracepoints keep what a call asked for.
+pub(super) fn request_layout() -> Result<RequestLayout> {
+    let (brk, mmap) = (Format::read("syscalls", "sys_enter_brk")?, Format::read("syscalls", "sys_enter_mmap")?);
+    Ok(RequestLayout { brk: brk.offset("brk")?, mmap_len: mmap.offset("len")?, mmap_flags: mmap.offset("flags")? })
 }
 
 /// Where sched_process_fork's record holds the new task's pid (its comms are `__data_loc`

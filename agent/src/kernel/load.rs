@@ -27,7 +27,7 @@ use super::{
     barrier::ProgramBarrier,
     events::KernelSettings,
     btf::Btf,
-    layouts::{area_layout, exit_group_dead, fork_child_pid, net_layouts, switch_layout, task_layout, transmit_attribution},
+    layouts::{area_layout, exit_group_dead, fork_child_pid, net_layouts, request_layout, switch_layout, task_layout, transmit_attribution},
     sampling::{Paused, PerfSampling, SamplingRates},
     unwind_maps::UnwindMaps,
     Stack,
@@ -92,6 +92,7 @@ impl Sampler {
         let switch = settings.off_cpu.as_ref().map(|_| switch_layout()).transpose()?;
         let (fork_child_pid, exit_group_dead) = (fork_child_pid()?, exit_group_dead()?);
         let area_layout = area_layout();
+        let requests = settings.fault_period.map(|_| request_layout()).transpose()?;
         let net_layouts = net_layouts(&settings.net)?;
         let btf = Btf::from_sys_fs()?;
         let task_layout = task_layout(&btf)?;
@@ -110,6 +111,9 @@ impl Sampler {
         loader.override_global(names::TASK_LAYOUT, &task_layout, true);
         if let Some(layout) = &area_layout {
             loader.override_global(names::AREA_LAYOUT, layout, true);
+        }
+        if let Some(layout) = &requests {
+            loader.override_global(names::REQUEST_LAYOUT, layout, true);
         }
         loader.override_global(names::NET_LAYOUTS, &net_layouts[..], true);
         if let Some((skb_sk, send_sk, send_ret)) = &attribution {
@@ -188,6 +192,8 @@ impl Sampler {
 
         if let Some(period) = settings.fault_period {
             attach_fault_sampler(&mut ebpf, period)?;
+            attach_tracepoint(&mut ebpf, names::PROG_BRK, "syscalls", "sys_enter_brk")?;
+            attach_tracepoint(&mut ebpf, names::PROG_MMAP, "syscalls", "sys_enter_mmap")?;
         }
 
         let sets = [0, 1].map(|i| -> Result<BufferSet> {

@@ -269,7 +269,7 @@ fn profile_kinds(kernel: &KernelSettings) -> Vec<ProfileKind> {
             ProfileKind::NetRx => kernel.records_net(&[kind::NETIF_RECEIVE_SKB, kind::NAPI_GRO_RECEIVE_ENTRY]),
             ProfileKind::NetRetransmit => kernel.records_net(&[kind::TCP_RETRANSMIT_SKB]),
             ProfileKind::NetDrop => kernel.records_net(&[kind::KFREE_SKB]),
-            ProfileKind::Faults => kernel.fault_period.is_some(),
+            ProfileKind::Faults | ProfileKind::MemoryRequests => kernel.fault_period.is_some(),
         })
         .collect()
 }

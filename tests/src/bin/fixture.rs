@@ -15,6 +15,12 @@
 //! - `faults`: maps ARGS[0] MiB (default 100) of fresh memory, without huge pages, and
 //!   touches each page once: 70% of them from `touch_most`, 30% from `touch_rest`, in
 //!   alternating runs of 64 pages; then idles until SECONDS. Prints "<pages most> <pages rest>".
+//! - `fault-loop`: maps 64 MiB of fresh memory, touches each page once from `touch_most`,
+//!   unmaps it, and again until SECONDS: a page fault per page, as fast as the kernel
+//!   gives them. Prints pages touched.
+//! - `requests`: asks the kernel for memory it never touches: 70 anonymous 1 MiB mappings
+//!   from `ask_most`, 30 from `ask_rest`, interleaved, and grows the heap by 2 x 4 MiB from
+//!   `grow_heap` (brk); then idles until SECONDS. Prints "<MiB most> <MiB rest> <MiB heap>".
 //! - `stacks`: main -> descend -> descend -> ... (1 to 48 deep, cycling) -> burn: many short
 //!   distinct stacks, for stressing the stack maps. Prints rounds.
 //! - `block`: thread `sleeper` loops on nanosleep(10 ms); thread `reader` blocks in read()
@@ -72,6 +78,30 @@ fn touch_rest(pages: &mut [u8]) {
     for page in pages.chunks_mut(4096) {
         unsafe { std::ptr::write_volatile(page.as_mut_ptr(), 2) };
     }
+}
+
+/// Maps `mib` MiB of anonymous memory, 1 MiB a call, and leaves it mapped.
+#[inline(never)]
+fn ask_most(mib: usize) {
+    for _ in 0..mib {
+        let memory = unsafe { libc::mmap(std::ptr::null_mut(), 1 << 20, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+        assert_ne!(memory, libc::MAP_FAILED);
+    }
+}
+
+// Different code from ask_most (no write access): identical functions get merged.
+#[inline(never)]
+fn ask_rest(mib: usize) {
+    for _ in 0..mib {
+        let memory = unsafe { libc::mmap(std::ptr::null_mut(), 1 << 20, libc::PROT_READ, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+        assert_ne!(memory, libc::MAP_FAILED);
+    }
+}
+
+/// Moves the heap's end up by `mib` MiB, with brk.
+#[inline(never)]
+fn grow_heap(mib: usize) {
+    assert_ne!(unsafe { libc::sbrk((mib << 20) as libc::intptr_t) }, usize::MAX as *mut libc::c_void, "sbrk");
 }
 
 // Different code from hot_a (+ 2): identical functions get merged in optimized builds,
@@ -292,6 +322,30 @@ fn main() {
                 }
             }
             println!("{most} {rest_pages}");
+            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+        }
+        "fault-loop" => {
+            const LENGTH: usize = 64 << 20;
+            let mut pages = 0u64;
+            while Instant::now() < deadline {
+                let memory = unsafe { libc::mmap(std::ptr::null_mut(), LENGTH, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0) };
+                assert_ne!(memory, libc::MAP_FAILED);
+                assert_eq!(unsafe { libc::madvise(memory, LENGTH, libc::MADV_NOHUGEPAGE) }, 0);
+                touch_most(unsafe { std::slice::from_raw_parts_mut(memory as *mut u8, LENGTH) });
+                assert_eq!(unsafe { libc::munmap(memory, LENGTH) }, 0);
+                pages += (LENGTH / 4096) as u64;
+            }
+            println!("{pages}");
+        }
+        "requests" => {
+            for round in 0..10 {
+                ask_most(7);
+                ask_rest(3);
+                if round % 5 == 0 {
+                    grow_heap(4);
+                }
+            }
+            println!("70 30 8");
             std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
         }
         "read-zero" => {
