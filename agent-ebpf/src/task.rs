@@ -52,16 +52,29 @@ pub fn current_life() -> (u16, u64) {
     }
 }
 
-/// Where the current process's stack starts (0 for a kernel thread, which has no memory of
-/// its own: the load of a null typed pointer reads 0).
+/// A u64 of the current process's `mm_struct`, at the offset `field` picks from the layout (0
+/// for a kernel thread, which has no memory of its own: the load of a null typed pointer
+/// reads 0).
 #[inline(always)]
-pub fn current_stack_start() -> u64 {
+fn current_mm_u64(field: impl Fn(&TaskLayout) -> u32) -> u64 {
     let layout = config(&TASK_LAYOUT);
     unsafe {
         let task = bpf_get_current_task_btf() as *const u8;
         let mm = *(task.add(layout.mm as usize) as *const *const u8);
-        *(mm.add(layout.start_stack as usize) as *const u64)
+        *(mm.add(field(&layout) as usize) as *const u64)
     }
+}
+
+/// Where the current process's stack starts.
+#[inline(always)]
+pub fn current_stack_start() -> u64 {
+    current_mm_u64(|layout| layout.start_stack)
+}
+
+/// The current process's heap end (`mm->brk`).
+#[inline(always)]
+pub fn current_brk() -> u64 {
+    current_mm_u64(|layout| layout.brk)
 }
 
 /// The executable the current process runs, and where its code is (zeros for a kernel
@@ -82,17 +95,6 @@ pub fn current_exe() -> ExeImage {
             dev: *(sb.add(layout.s_dev as usize) as *const u32),
             _pad: 0,
         }
-    }
-}
-
-/// The current process's heap end (`mm->brk`; 0 for a kernel thread).
-#[inline(always)]
-pub fn current_brk() -> u64 {
-    let layout = config(&TASK_LAYOUT);
-    unsafe {
-        let task = bpf_get_current_task_btf() as *const u8;
-        let mm = *(task.add(layout.mm as usize) as *const *const u8);
-        *(mm.add(layout.brk as usize) as *const u64)
     }
 }
 

@@ -4,34 +4,41 @@
 //! Calls that ask the kernel for memory (brk, anonymous mmap) are counted exactly. Needs root.
 use std::time::Duration;
 
-use ember_tests::{require_root, Agent, Decoded, Fixture, TempDir};
+use ember_tests::{require_root, Agent, Decoded, Fixture, FixtureRun, TempDir};
 
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
 const MIB: u64 = 100;
 /// One fault in 16: some 1,600 samples of the fixture's 25,600 faults.
 const PERIOD: &str = "16";
 
-#[test]
-fn page_faults_add_up_to_the_memory_touched_and_split_by_where() {
-    require_root();
-    let dir = TempDir::new("faults");
+/// Runs the fixture in `mode` under the agent's faults group (with `period`), started after
+/// the agent: it is covered from its exec on. Returns its profiles of `kind`, its pid, what it
+/// printed, and the agent's log.
+fn profile_fixture(name: &str, period: &str, mode: &str, args: &[&str], kind: &str) -> (Vec<Decoded>, u32, FixtureRun, String) {
+    let dir = TempDir::new(name);
     let out = dir.path("profiles");
-    let args = ["run", "--events", "faults", "--fault-period", PERIOD, "--interval", "1s", "--output-dir", out.to_str().unwrap()];
-    let mut agent = Agent::spawn(&args);
+    let agent_args = ["run", "--events", "faults", "--fault-period", period, "--interval", "1s", "--output-dir", out.to_str().unwrap()];
+    let mut agent = Agent::spawn(&agent_args);
     agent.wait_ready();
-    // Started after the agent: it is covered from its exec on.
-    let mut fixture = Fixture::spawn_with(std::process::Command::new(FIXTURE), "faults", 2.0, &[&MIB.to_string()]);
+    let mut fixture = Fixture::spawn_with(std::process::Command::new(FIXTURE), mode, 2.0, args);
     let pid = fixture.pid();
     fixture.start();
     let run = fixture.finish();
     std::thread::sleep(Duration::from_millis(1500));
     agent.signal(libc::SIGINT);
     let stderr = agent.wait_success(Duration::from_secs(30));
+    let profiles = Decoded::read_kind(&out, kind);
+    assert!(!profiles.is_empty(), "no {kind} profile was written:\n{stderr}");
+    (profiles, pid, run, stderr)
+}
+
+#[test]
+fn page_faults_add_up_to_the_memory_touched_and_split_by_where() {
+    require_root();
+    let (profiles, pid, run, _) = profile_fixture("faults", PERIOD, "faults", &[&MIB.to_string()], "faults");
     let (most_pages, rest_pages) = (run.lines[0][0], run.lines[0][1]);
     assert_eq!((most_pages + rest_pages) * 4096, MIB << 20, "the fixture touched every page: {:?}", run.lines);
 
-    let profiles = Decoded::read_kind(&out, "faults");
-    assert!(!profiles.is_empty(), "no page-fault profile was written:\n{stderr}");
     let samples: Vec<_> = profiles.iter().flat_map(|p| p.samples_of(pid)).collect();
     let bytes_in = |function: &str| Decoded::sum(&samples.iter().copied().filter(|s| s.has_function(function)).collect::<Vec<_>>(), 1) as f64;
     let (total, most, rest) = (Decoded::sum(&samples, 1) as f64, bytes_in("fixture::touch_most"), bytes_in("fixture::touch_rest"));
@@ -53,22 +60,9 @@ fn page_faults_add_up_to_the_memory_touched_and_split_by_where() {
 #[test]
 fn memory_requests_are_counted_exactly_by_call_and_caller() {
     require_root();
-    let dir = TempDir::new("memory-requests");
-    let out = dir.path("profiles");
-    let args = ["run", "--events", "faults", "--interval", "1s", "--output-dir", out.to_str().unwrap()];
-    let mut agent = Agent::spawn(&args);
-    agent.wait_ready();
-    let mut fixture = Fixture::spawn_with(std::process::Command::new(FIXTURE), "requests", 2.0, &[]);
-    let pid = fixture.pid();
-    fixture.start();
-    let run = fixture.finish();
-    std::thread::sleep(Duration::from_millis(1500));
-    agent.signal(libc::SIGINT);
-    let stderr = agent.wait_success(Duration::from_secs(30));
+    // The default period: the calls are not sampled.
+    let (profiles, pid, run, _) = profile_fixture("memory-requests", "1000", "requests", &[], "memory-requests");
     let asked: Vec<u64> = run.lines[0].iter().map(|mib| mib << 20).collect();
-
-    let profiles = Decoded::read_kind(&out, "memory-requests");
-    assert!(!profiles.is_empty(), "no memory-request profile was written:\n{stderr}");
     let samples: Vec<_> = profiles.iter().flat_map(|p| p.samples_of(pid)).collect();
     let in_fn = |function: &str, call: &str| {
         let of = samples.iter().copied().filter(|s| s.has_function(function) && s.labels.get("call").is_some_and(|c| c == call)).collect::<Vec<_>>();
