@@ -187,8 +187,8 @@ impl Governor {
                 let percent = |share: f64| format!("{:.2}%", share * 100.0);
                 tracing::warn!(
                     cost = percent(overhead.total()), budget = percent(self.budget), agent = percent(agent),
-                    programs_recording_nothing = percent(skipped),
-                    "profiling costs more than the CPU budget even at the lowest rates, with what no rate lowers paused"
+                    programs_recording_nothing = percent(skipped), paused = %paused.names(),
+                    "profiling costs more than the CPU budget even at the lowest rates"
                 );
             }
         }

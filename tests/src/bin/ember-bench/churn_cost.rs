@@ -1,12 +1,14 @@
 //! The second table of `cargo xtask bench churn`: what started processes cost each profiler,
 //! host-wide, at 0, 10, 50 and 200 processes a second, at 19 Hz (the daemon's default) and
 //! 99 Hz. The processes are a mix of `sh -c true`, `/bin/true`, `python3 -c pass` and a Rust
-//! binary (`ember-agent --version`), started evenly. Each profiler runs alone on a fresh
-//! churn: perf record -a -g, bpftrace's `profile` counting kernel and user stacks by comm, and
-//! ember-agent as the daemon runs (10 s intervals, its first profile written before the
-//! window). Cost is the profiler's CPU plus its BPF run time over the window; the cost per
-//! started process is the cost at 200 a second less the cost at none, per process started (the
-//! mix is run once before each window: a binary first seen costs once per host).
+//! binary (`ember-agent --version`), started evenly. Each profiler runs alone: perf record -a
+//! -g, bpftrace's `profile` counting kernel and user stacks by comm, and ember-agent as the
+//! daemon runs (10 s intervals), once per frequency. After its start (Ember's first profile
+//! written), the mix runs at 10 a second for one interval, and Ember writes that interval's
+//! profile, before the windows: a binary first seen, read and named costs once per host, not
+//! per process. Then one window per rate. Cost is the profiler's CPU plus its BPF run time
+//! over a window; the cost per started process is the cost at 200 a second less the cost at
+//! none, per process started.
 use std::{
     fs,
     process::{Child, Command, Stdio},
@@ -18,7 +20,7 @@ use ember_tests::usage::context_switches;
 
 use super::{
     empty_dir,
-    oncpu::{wait_for_profile, Profiler, Scope},
+    oncpu::{wait_for_profile, wait_for_profiles, Profiler, Scope},
     release_bin, Profiler as Running,
 };
 
@@ -35,13 +37,10 @@ pub fn run(seconds: u64) -> Result<()> {
     let mut rows = Vec::new();
     for hz in FREQUENCIES {
         for (name, profiler) in [("perf record -a -g", Profiler::Perf), ("bpftrace profile", Profiler::Bpftrace), ("ember-agent", Profiler::Ember)] {
-            let mut costs = Vec::new();
-            for rate in RATES {
-                let out = dir.join(format!("{}-{hz}-{rate}", name.replace(' ', "-")));
-                fs::create_dir_all(&out)?;
-                costs.push(measure(profiler, hz, rate, seconds, &out)?);
-                let _ = fs::remove_dir_all(&out);
-            }
+            let out = dir.join(format!("{}-{hz}", name.replace(' ', "-")));
+            fs::create_dir_all(&out)?;
+            let costs = measure(profiler, hz, seconds, &out)?;
+            let _ = fs::remove_dir_all(&out);
             println!("  {name:<18} {hz} Hz done");
             rows.push((name, hz, costs));
         }
@@ -69,28 +68,39 @@ struct Cost {
     rate: f64,
 }
 
-fn measure(profiler: Profiler, hz: u64, rate: u64, seconds: u64, out: &std::path::Path) -> Result<Cost> {
+/// One profiler at `hz`: the warm-up, then a window of `seconds` at each of RATES.
+fn measure(profiler: Profiler, hz: u64, seconds: u64, out: &std::path::Path) -> Result<Vec<Cost>> {
     let command = profiler.command(hz, Scope::Host, &["-g"], INTERVAL, out)?;
     let running = Running::start("profiler", command)?;
+    let profiles = out.join("profiles");
     match profiler {
-        Profiler::Ember => wait_for_profile(&out.join("profiles"))?,
+        Profiler::Ember => wait_for_profile(&profiles)?,
         _ => std::thread::sleep(ATTACH),
     }
-    // Each binary of the mix seen once before the window: what a binary costs once per host
-    // is not what each process costs.
-    churn(MIX_LEN, Duration::from_secs(1))?;
-    let (before, switched) = (running.snapshot()?, context_switches(running.pid()));
-    let started = Instant::now();
-    let count = churn(rate, Duration::from_secs(seconds))?;
-    let elapsed = started.elapsed().as_secs_f64();
-    let share = running.snapshot()?.overhead_since(&before, elapsed);
-    let switches = context_switches(running.pid()).saturating_sub(switched) as f64 / elapsed;
+    churn(WARM_UP_RATE, INTERVAL)?;
+    match profiler {
+        // The interval that saw the warm-up is drained and named.
+        Profiler::Ember => wait_for_profiles(&profiles, fs::read_dir(&profiles)?.count() + 1)?,
+        _ => std::thread::sleep(ATTACH),
+    }
+    let mut costs = Vec::new();
+    for rate in RATES {
+        let (before, switched) = (running.snapshot()?, context_switches(running.pid()));
+        let started = Instant::now();
+        let count = churn(rate, Duration::from_secs(seconds))?;
+        let elapsed = started.elapsed().as_secs_f64();
+        let share = running.snapshot()?.overhead_since(&before, elapsed);
+        let switches = context_switches(running.pid()).saturating_sub(switched) as f64 / elapsed;
+        costs.push(Cost { share, switches, rate: count as f64 / elapsed });
+    }
     // Only the cost counts here: a peer that takes long to write its output is not waited on.
     running.stop_for_output()?;
-    Ok(Cost { share, switches, rate: count as f64 / elapsed })
+    Ok(costs)
 }
 
 const MIX_LEN: u64 = 4;
+/// Processes a second while each profiler warms up.
+const WARM_UP_RATE: u64 = 10;
 
 /// Starts `rate` processes a second for `length`, cycling through the mix; waits for the
 /// last to exit. Returns how many it started.

@@ -398,9 +398,14 @@ pub(super) fn mean_frames(stacks: &[(Vec<String>, u64)]) -> Option<f64> {
 
 /// Waits until Ember has written a profile to `dir`.
 pub(super) fn wait_for_profile(dir: &Path) -> Result<()> {
+    wait_for_profiles(dir, 1)
+}
+
+/// Waits (at most FIRST_PROFILE) until ember-agent has written `count` files in `dir`.
+pub(super) fn wait_for_profiles(dir: &Path, count: usize) -> Result<()> {
     let started = std::time::Instant::now();
-    while fs::read_dir(dir).map_or(true, |mut entries| entries.next().is_none()) {
-        anyhow::ensure!(started.elapsed() < FIRST_PROFILE, "ember-agent wrote no profile within {FIRST_PROFILE:?}");
+    while fs::read_dir(dir).map_or(0, |entries| entries.count()) < count {
+        anyhow::ensure!(started.elapsed() < FIRST_PROFILE, "ember-agent wrote {count} profiles not within {FIRST_PROFILE:?}");
         std::thread::sleep(Duration::from_millis(100));
     }
     Ok(())
