@@ -1,6 +1,7 @@
 //! The second table of `cargo xtask bench churn`: what started processes cost each profiler,
 //! host-wide, at 0, 10, 50 and 200 processes a second, at 19 Hz (the daemon's default) and
-//! 99 Hz. The processes are a mix of `sh -c true`, `/bin/true`, `python3 -c pass` and a Rust
+//! 99 Hz. The processes are a mix of `sh -c true`, `/bin/true`, `python3 -c pass` (Debian's
+//! interpreter, not a version manager's shim, which starts a dozen processes of its own) and a Rust
 //! binary (`ember-agent --version`), started evenly. Each profiler runs alone: perf record -a
 //! -g, bpftrace's `profile` counting kernel and user stacks by comm, and ember-agent as the
 //! daemon runs (10 s intervals), once per frequency. After its start (Ember's first profile
@@ -8,7 +9,7 @@
 //! profile, before the windows: a binary first seen, read and named costs once per host, not
 //! per process. Then one window per rate. Cost is the profiler's CPU plus its BPF run time
 //! over a window; the cost per started process is the cost at 200 a second less the cost at
-//! none, per process started.
+//! none, per process the host started (from /proc/stat, the mix's and any other).
 use std::{
     fs,
     process::{Child, Command, Stdio},
@@ -47,13 +48,13 @@ pub fn run(seconds: u64) -> Result<()> {
     }
     let _ = fs::remove_dir_all(&dir);
     println!("\nCommand: cargo xtask bench churn --seconds {seconds}");
-    println!("| profiler | Hz | CPU + BPF, % of a core, at 0 / 10 / 50 / 200 processes/s | per started process at 200/s, ms | context switches/s at 0 / 200 | processes/s started |");
+    println!("| profiler | Hz | CPU + BPF, % of a core, at 0 / 10 / 50 / 200 processes/s | per started process at 200/s, ms | context switches/s at 0 / 200 | processes/s started (host-wide) |");
     println!("|---|---|---|---|---|---|");
     for (name, hz, costs) in rows {
         let percents: Vec<String> = costs.iter().map(|c| format!("{:.3}", c.share * 100.0)).collect();
         let (idle, busiest) = (&costs[0], &costs[RATES.len() - 1]);
-        let per_process_ms = (busiest.share - idle.share) * 1e3 / busiest.rate.max(1.0);
-        let rates: Vec<String> = costs.iter().map(|c| format!("{:.0}", c.rate)).collect();
+        let per_process_ms = (busiest.share - idle.share) * 1e3 / busiest.host_rate.max(1.0);
+        let rates: Vec<String> = costs.iter().map(|c| format!("{:.0} ({:.0})", c.rate, c.host_rate)).collect();
         println!("| {name} | {hz} | {} | {per_process_ms:.3} | {:.0} / {:.0} | {} |", percents.join(" / "), idle.switches, busiest.switches, rates.join(" / "));
     }
     Ok(())
@@ -64,8 +65,16 @@ struct Cost {
     share: f64,
     /// The profiler's context switches per second.
     switches: f64,
-    /// Processes started per second, as the host managed.
+    /// The mix's processes started per second, as the host managed.
     rate: f64,
+    /// Processes the host started per second, the mix's and any other.
+    host_rate: f64,
+}
+
+/// Processes the host has started since boot (/proc/stat).
+fn host_processes() -> Result<u64> {
+    let stat = fs::read_to_string("/proc/stat")?;
+    stat.lines().find_map(|line| line.strip_prefix("processes ")?.trim().parse().ok()).context("/proc/stat has no processes line")
 }
 
 /// One profiler at `hz`: the warm-up, then a window of `seconds` at each of RATES.
@@ -85,13 +94,14 @@ fn measure(profiler: Profiler, hz: u64, seconds: u64, out: &std::path::Path) -> 
     }
     let mut costs = Vec::new();
     for rate in RATES {
-        let (before, switched) = (running.snapshot()?, context_switches(running.pid()));
+        let (before, switched, forked) = (running.snapshot()?, context_switches(running.pid()), host_processes()?);
         let started = Instant::now();
         let count = churn(rate, Duration::from_secs(seconds))?;
         let elapsed = started.elapsed().as_secs_f64();
         let share = running.snapshot()?.overhead_since(&before, elapsed);
         let switches = context_switches(running.pid()).saturating_sub(switched) as f64 / elapsed;
-        costs.push(Cost { share, switches, rate: count as f64 / elapsed });
+        let host_rate = host_processes()?.saturating_sub(forked) as f64 / elapsed;
+        costs.push(Cost { share, switches, rate: count as f64 / elapsed, host_rate });
     }
     // Only the cost counts here: a peer that takes long to write its output is not waited on.
     running.stop_for_output()?;
@@ -112,7 +122,7 @@ pub(super) fn churn(rate: u64, length: Duration) -> Result<u64> {
     }
     let agent = release_bin("ember-agent");
     let mix: [(&std::ffi::OsStr, &[&str]); MIX_LEN as usize] =
-        [("sh".as_ref(), &["-c", "true"]), ("/bin/true".as_ref(), &[]), ("python3".as_ref(), &["-c", "pass"]), (agent.as_os_str(), &["--version"])];
+        [("sh".as_ref(), &["-c", "true"]), ("/bin/true".as_ref(), &[]), ("/usr/bin/python3".as_ref(), &["-c", "pass"]), (agent.as_os_str(), &["--version"])];
     let mut running: Vec<Child> = Vec::new();
     let mut started = 0u64;
     while start.elapsed() < length {
