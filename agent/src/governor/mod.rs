@@ -65,8 +65,8 @@ pub struct Governor {
     levels: [f64; 3],
     /// When the last interval was measured, and the agent's CPU time then (ns).
     last: (Instant, u64),
-    /// The fixed part of the last intervals, newest last.
-    fixed: Vec<f64>,
+    /// The fixed part of the last intervals.
+    fixed: Recent,
     /// The kernel's accounting at the last interval, if it is on.
     kernel: Option<ProgramCost>,
     /// What the kernel accounted beyond the programs' own clock (ns), and over how many
@@ -90,7 +90,7 @@ impl Governor {
             frequency_governed,
             levels: [1.0; 3],
             last: (Instant::now(), process_cpu_ns()),
-            fixed: Vec::new(),
+            fixed: Recent::default(),
             kernel: sampler.program_cost(),
             missed: (0.0, 0.0),
             over_budget: false,
@@ -165,14 +165,8 @@ impl Governor {
             let after = self.rates();
             return (overhead, (after != before).then_some(after));
         }
-        let fixed = agent + skipped;
-        if self.fixed.len() == FIXED_HISTORY {
-            self.fixed.remove(0);
-        }
-        self.fixed.push(fixed);
-        let mut sorted = self.fixed.clone();
-        sorted.sort_by(f64::total_cmp);
-        let steady_fixed = sorted[sorted.len() / 2];
+        self.fixed.push(agent + skipped);
+        let steady_fixed = self.fixed.median();
         let mut levels = next_levels(self.levels, costs, steady_fixed, overhead.total(), self.budget, self.frequency_governed);
         if paused.off_cpu {
             levels[run::OFF_CPU as usize] = self.levels[run::OFF_CPU as usize];
@@ -227,6 +221,30 @@ impl Governor {
             net_ratio: ratio(self.base.net_ratio, self.levels[2]),
             paused: self.pauses.paused,
         }
+    }
+}
+
+/// The last FIXED_HISTORY values of a measure, judged by their median: one interval's may be
+/// a burst.
+#[derive(Default)]
+struct Recent(Vec<f64>);
+
+impl Recent {
+    fn push(&mut self, value: f64) {
+        if self.0.len() == FIXED_HISTORY {
+            self.0.remove(0);
+        }
+        self.0.push(value);
+    }
+
+    fn is_full(&self) -> bool {
+        self.0.len() == FIXED_HISTORY
+    }
+
+    fn median(&self) -> f64 {
+        let mut sorted = self.0.clone();
+        sorted.sort_by(f64::total_cmp);
+        sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
     }
 }
 
@@ -298,7 +316,7 @@ mod tests {
             frequency_governed: true,
             levels: [1.0; 3],
             last: (Instant::now(), 0),
-            fixed: Vec::new(),
+            fixed: Recent::default(),
             kernel,
             missed: (0.0, 0.0),
             over_budget: false,

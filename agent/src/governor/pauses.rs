@@ -5,7 +5,7 @@
 //! on-CPU rate bounds), and it comes back once the host's activity says it fits. What a pause
 //! did not see is counted.
 use super::host_activity::{Activity, HostCounters};
-use super::{CUT, FIXED_HISTORY, LOW, TARGET};
+use super::{Recent, CUT, LOW, TARGET};
 use crate::kernel::{Paused, Unseen};
 
 /// What the last interval measured, as shares of one core unless said otherwise.
@@ -33,14 +33,14 @@ pub(super) struct Pauses {
     /// The agent's CPU per started process (ns) when exec captures were paused: all of it,
     /// so that they come back only with room to spare.
     process_ns: f64,
-    /// The last intervals' `rest`, newest last: a single interval's may be a burst.
-    rest: Vec<f64>,
+    /// The last intervals' `rest`.
+    rest: Recent,
     host: Option<HostCounters>,
 }
 
 impl Pauses {
     pub(super) fn new(off_cpu: bool) -> Pauses {
-        Pauses { paused: Paused::default(), off_cpu, switch_run_ns: 0.0, process_ns: 0.0, rest: Vec::new(), host: HostCounters::read() }
+        Pauses { paused: Paused::default(), off_cpu, switch_run_ns: 0.0, process_ns: 0.0, rest: Recent::default(), host: HostCounters::read() }
     }
 
     /// The host's activity since the last call, and what the pauses in force did not see of it.
@@ -64,12 +64,9 @@ impl Pauses {
     /// before, at the host's current activity, leaves the total under LOW of the budget.
     pub(super) fn decide(&mut self, m: &Measured, activity: Activity, budget: f64) -> Paused {
         if !m.warm_up {
-            if self.rest.len() == FIXED_HISTORY {
-                self.rest.remove(0);
-            }
             self.rest.push(m.rest);
         }
-        let rest = if m.warm_up { m.rest } else { median(&self.rest) };
+        let rest = if m.warm_up { m.rest } else { self.rest.median() };
         let over = m.total > CUT * budget;
         let mut next = self.paused;
         if self.off_cpu && !self.paused.off_cpu {
@@ -81,7 +78,7 @@ impl Pauses {
         }
         // Exec captures, once off-CPU tracking was paused for a whole interval, and on a
         // full history: the first intervals after the warm-up still name what it met.
-        let settled = (!self.off_cpu || self.paused.off_cpu) && self.rest.len() == FIXED_HISTORY;
+        let settled = (!self.off_cpu || self.paused.off_cpu) && self.rest.is_full();
         if !self.paused.exec_capture && settled && !m.warm_up && over && rest > TARGET * budget && activity.processes_per_s >= 1.0 {
             next.exec_capture = true;
             self.process_ns = m.agent * 1e9 / activity.processes_per_s;
@@ -123,12 +120,6 @@ impl Pauses {
     }
 }
 
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,7 +135,7 @@ mod tests {
     }
 
     fn pauses() -> Pauses {
-        Pauses { paused: Paused::default(), off_cpu: true, switch_run_ns: 0.0, process_ns: 0.0, rest: Vec::new(), host: None }
+        Pauses { paused: Paused::default(), off_cpu: true, switch_run_ns: 0.0, process_ns: 0.0, rest: Recent::default(), host: None }
     }
 
     #[test]

@@ -250,9 +250,15 @@ impl ProcessTable {
         }
     }
 
-    /// Unwind tables some known process still maps.
+    /// Unwind tables some known process still maps. (Not those of binaries only kept open
+    /// after their processes, `idle`: their tables are idle, to be evicted when room is needed.)
     pub fn live_tables(&self) -> HashSet<TableKey> {
-        self.binaries.values().filter_map(Weak::upgrade).map(|b| b.table_key()).collect()
+        let lives = self.processes.values().chain(self.earlier.values().flatten());
+        let binaries = lives.flat_map(|p| &p.mappings).filter_map(|m| match &m.target {
+            MappingTarget::File(binary) => Some(binary.table_key()),
+            MappingTarget::Special(_) => None,
+        });
+        binaries.collect()
     }
 
     /// An executable mapping (only code can appear in a stack), read from /proc directory `dir`.
