@@ -50,9 +50,6 @@ fn record(call: u32, bytes: u64) {
     let set = active_set();
     let mut key = current_key(kind::MEMORY_REQUEST, &set);
     key.aux = call;
-    match walk::walk(&set, tgid, key.process_tag, None) {
-        Ok(walked) => walk::store(&set, walked, &mut key),
-        Err(status) => key.user_stack_id = status,
-    }
+    walk::capture(&set, tgid, &mut key);
     aggregate::record(&set, &key, 1, bytes);
 }

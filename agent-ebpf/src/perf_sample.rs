@@ -18,6 +18,8 @@ pub fn record_sample(ctx: &PerfEventContext, set: &BufferSet, tgid: u32, kind: u
     let regs = unsafe { &(*ctx.ctx).regs };
     let user_mode = walk::in_user_mode(regs);
     let walked = walk::walk(set, tgid, key.process_tag, user_mode.then_some(regs));
+    // Named before the kernel stack is taken: with the kernel stack first, the compiler merged
+    // the walk's two outcomes into code that reads a register the verifier sees unset.
     match walked {
         Ok(walked) => walked.name_in(&mut key),
         Err(status) => key.user_stack_id = status,

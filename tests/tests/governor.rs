@@ -3,12 +3,12 @@
 //! CPU and its programs' run time), stays within the budget once the governor has settled;
 //! the rates came down to get there; and the profiles still add up to the workload's wall
 //! and CPU time, within their sampling error. Needs root.
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use ember_tests::{
     least_privilege_agent, require_root,
     usage::{bpf_usage, cpu_ns, BpfStats},
-    Agent, Decoded, Fixture, TempDir,
+    Agent, Decoded, Fixture, FixtureRun, TempDir,
 };
 
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
@@ -21,6 +21,23 @@ const SETTLE: Duration = Duration::from_secs(10);
 /// What the agent has cost so far: its threads' CPU plus its programs' run time, in ns.
 fn spent(pid: u32) -> u64 {
     cpu_ns(pid) + bpf_usage(pid).prog_run_ns
+}
+
+/// Runs `fixture` under the agent run with `args` (profiles to `out`), and measures what the
+/// agent costs (`spent`) from SETTLE after the start to a second before the fixture's end.
+/// Returns the agent, still running, what the fixture printed, the cost as a share of one
+/// core, and the measured window.
+fn run_measured(mut fixture: Fixture, args: &[&str], out: &std::path::Path) -> (Agent, FixtureRun, f64, (SystemTime, SystemTime)) {
+    let mut agent = Agent::spawn(&[args, &["--output-dir", out.to_str().unwrap()]].concat());
+    agent.wait_ready();
+    fixture.start();
+    let started = Instant::now();
+    std::thread::sleep(SETTLE);
+    let (from, spent_from, unix_from) = (Instant::now(), spent(agent.pid()), SystemTime::now());
+    std::thread::sleep(Duration::from_secs_f64(SECONDS - 1.0).saturating_sub(started.elapsed()));
+    let overhead = (spent(agent.pid()) - spent_from) as f64 / from.elapsed().as_nanos() as f64;
+    let window = (unix_from, SystemTime::now());
+    (agent, fixture.finish(), overhead, window)
 }
 
 /// The variance, in ns², of the time of the samples labelled `label` in `profiles` (the on- or off-CPU ones),
@@ -50,18 +67,10 @@ fn a_tiny_cpu_budget_holds_on_a_switch_heavy_host_and_totals_stay_true() {
     // accounting on). With a 1% budget, the governor's room (70% of it) less that floor and
     // the agent's own CPU was often nothing: it sat at the lowest rates, where a few recorded
     // blocks stand for a thread's whole time, and the totals below were chance.
-    let mut fixture = Fixture::spawn_with(std::process::Command::new(FIXTURE), "pingpong", SECONDS, &["200"]);
+    let fixture = Fixture::spawn_with(std::process::Command::new(FIXTURE), "pingpong", SECONDS, &["200"]);
     let pid = fixture.pid();
     let args = ["run", "--events", "cpu,offcpu", "-F", "999", "--interval", "2s", "--cpu-budget", "2%"];
-    let mut agent = Agent::spawn(&[&args[..], &["--output-dir", out.to_str().unwrap()]].concat());
-    agent.wait_ready();
-    fixture.start();
-    let started = Instant::now();
-    std::thread::sleep(SETTLE);
-    let (from, spent_from) = (Instant::now(), spent(agent.pid()));
-    std::thread::sleep(Duration::from_secs_f64(SECONDS - 1.0).saturating_sub(started.elapsed()));
-    let overhead = (spent(agent.pid()) - spent_from) as f64 / from.elapsed().as_nanos() as f64;
-    let run = fixture.finish();
+    let (agent, run, overhead, _) = run_measured(fixture, &args, &out);
     std::thread::sleep(Duration::from_millis(1500));
     agent.signal(libc::SIGINT);
     let stderr = agent.wait_success(Duration::from_secs(30));
@@ -210,22 +219,14 @@ fn off_cpu_tracking_pauses_when_switches_alone_take_the_budget_and_comes_back() 
     let out = dir.path("profiles");
     let mut pinned = std::process::Command::new("taskset");
     pinned.args(["-c", "0", FIXTURE]);
-    let mut fixture = Fixture::spawn_with(pinned, "pingpong", SECONDS, &["0"]);
+    let fixture = Fixture::spawn_with(pinned, "pingpong", SECONDS, &["0"]);
     let args = ["run", "--events", "cpu,offcpu", "-F", "999", "--interval", "1s", "--cpu-budget", "1%"];
-    let mut agent = Agent::spawn(&[&args[..], &["--output-dir", out.to_str().unwrap()]].concat());
-    agent.wait_ready();
-    fixture.start();
-    let started = Instant::now();
-    std::thread::sleep(SETTLE);
-    let (from, spent_from, unix_from) = (Instant::now(), spent(agent.pid()), std::time::SystemTime::now());
-    std::thread::sleep(Duration::from_secs_f64(SECONDS - 1.0).saturating_sub(started.elapsed()));
-    let (overhead, unix_to) = ((spent(agent.pid()) - spent_from) as f64 / from.elapsed().as_nanos() as f64, std::time::SystemTime::now());
-    fixture.finish();
+    let (agent, _, overhead, (unix_from, unix_to)) = run_measured(fixture, &args, &out);
     // The workload is gone: a few intervals to measure the quiet host and attach again.
     std::thread::sleep(Duration::from_secs(6));
     agent.signal(libc::SIGINT);
     let stderr = agent.wait_success(Duration::from_secs(30));
-    let nanos = |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i64;
+    let nanos = |t: SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i64;
     let mut wall = Decoded::read_kind(&out, "wall");
     wall.sort_by_key(|p| p.profile.time_nanos);
     let paused = |p: &Decoded| p.comment_field("ember.paused").is_some_and(|v| v.split(',').any(|what| what == "off_cpu"));

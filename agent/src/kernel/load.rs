@@ -160,7 +160,7 @@ impl Sampler {
             attach_tracepoint(&mut ebpf, names::PROG_AREA_PLACED, "mmap", "vm_unmapped_area")?;
         }
         let switch_link = match settings.off_cpu {
-            Some(_) => Some(attach_tracepoints(&mut ebpf, names::PROG_SWITCH, &[SCHED_SWITCH])?.remove(0)),
+            Some(_) => Some(attach_loaded(load_tracepoint(&mut ebpf, names::PROG_SWITCH)?, SCHED_SWITCH)?),
             None => None,
         };
         if attribution.is_some() {
@@ -178,20 +178,17 @@ impl Sampler {
         };
         let mut rates_map: Array<_, Rates> = Array::try_from(take(&mut ebpf, names::RATES)?)?;
         rates_map.set(0, rates.kernel(), 0).context("writing sampling ratios")?;
+        let cpus = online_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))?;
         let perf = if settings.cpu {
-            let prog: &mut PerfEvent = ebpf.program_mut(names::PROG_SAMPLE).context("program missing")?.try_into()?;
-            prog.load().map_err(|e| anyhow::anyhow!("loading {}: {e}{}", names::PROG_SAMPLE, chain(&e)))?;
-            log_verified(names::PROG_SAMPLE, prog.info());
-            let cpus = online_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))?;
-            let mut perf = PerfSampling::new(settings.event, cpus);
-            perf.attach(prog, settings.frequency)?;
+            let mut perf = PerfSampling::new(settings.event, cpus.clone());
+            perf.attach(load_perf_event(&mut ebpf, names::PROG_SAMPLE)?, settings.frequency)?;
             Some(perf)
         } else {
             None
         };
 
         if let Some(period) = settings.fault_period {
-            attach_fault_sampler(&mut ebpf, period)?;
+            attach_fault_sampler(&mut ebpf, &cpus, period)?;
             attach_tracepoint(&mut ebpf, names::PROG_BRK, "syscalls", "sys_enter_brk")?;
             attach_tracepoint(&mut ebpf, names::PROG_MMAP, "syscalls", "sys_enter_mmap")?;
         }
@@ -264,13 +261,11 @@ impl Sampler {
     }
 }
 
-/// The `faults` group: the software page-faults event on every online CPU, sampled every
+/// The `faults` group: the software page-faults event on each CPU of `cpus`, sampled every
 /// `period` faults, drives its program. The events stay attached as long as the programs.
-fn attach_fault_sampler(ebpf: &mut Ebpf, period: u64) -> Result<()> {
-    let prog: &mut PerfEvent = ebpf.program_mut(names::PROG_FAULT).context("program missing")?.try_into()?;
-    prog.load().map_err(|e| anyhow::anyhow!("loading {}: {e}{}", names::PROG_FAULT, chain(&e)))?;
-    log_verified(names::PROG_FAULT, prog.info());
-    for cpu in online_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))? {
+fn attach_fault_sampler(ebpf: &mut Ebpf, cpus: &[u32], period: u64) -> Result<()> {
+    let prog = load_perf_event(ebpf, names::PROG_FAULT)?;
+    for &cpu in cpus {
         let event = PerfEventConfig::Software(SoftwareEvent::PageFaults);
         prog.attach(event, PerfEventScope::AllProcessesOneCpu { cpu }, SamplePolicy::Period(period), false)
             .map_err(|e| anyhow::anyhow!("attaching the page-fault sampler to CPU {cpu}: {e}{}", chain(&e)))?;
@@ -278,12 +273,26 @@ fn attach_fault_sampler(ebpf: &mut Ebpf, period: u64) -> Result<()> {
     Ok(())
 }
 
-/// Loads one tracepoint program and attaches it to each of `tracepoints` (category, name).
-fn attach_tracepoints(ebpf: &mut Ebpf, program: &str, tracepoints: &[(&str, &str)]) -> Result<Vec<TracePointLinkId>> {
+/// Loads a perf_event program.
+fn load_perf_event<'a>(ebpf: &'a mut Ebpf, program: &str) -> Result<&'a mut PerfEvent> {
+    let prog: &mut PerfEvent = ebpf.program_mut(program).context("program missing")?.try_into()?;
+    prog.load().map_err(|e| anyhow::anyhow!("loading {program}: {e}{}", chain(&e)))?;
+    log_verified(program, prog.info());
+    Ok(prog)
+}
+
+/// Loads a tracepoint program.
+fn load_tracepoint<'a>(ebpf: &'a mut Ebpf, program: &str) -> Result<&'a mut TracePoint> {
     let prog: &mut TracePoint = ebpf.program_mut(program).context("program missing")?.try_into()?;
     prog.load().map_err(|e| anyhow::anyhow!("loading {program}: {e}{}", chain(&e)))?;
     log_verified(program, prog.info());
-    tracepoints.iter().map(|&tracepoint| attach_loaded(prog, tracepoint)).collect()
+    Ok(prog)
+}
+
+/// Loads one tracepoint program and attaches it to each of `tracepoints` (category, name).
+fn attach_tracepoints(ebpf: &mut Ebpf, program: &str, tracepoints: &[(&str, &str)]) -> Result<()> {
+    let prog = load_tracepoint(ebpf, program)?;
+    tracepoints.iter().try_for_each(|&tracepoint| attach_loaded(prog, tracepoint).map(drop))
 }
 
 /// Attaches a loaded tracepoint program to `tracepoint` (category, name).
@@ -293,7 +302,7 @@ pub(super) fn attach_loaded(prog: &mut TracePoint, (category, name): (&str, &str
 
 /// Loads and attaches one tracepoint program.
 fn attach_tracepoint(ebpf: &mut Ebpf, program: &str, category: &str, name: &str) -> Result<()> {
-    attach_tracepoints(ebpf, program, &[(category, name)]).map(drop)
+    attach_tracepoints(ebpf, program, &[(category, name)])
 }
 
 /// Logs how many instructions the verifier processed for a program, of the 1,000,000 it
