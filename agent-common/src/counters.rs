@@ -46,13 +46,20 @@ pub mod counter {
     pub const PYTHON_STOPS: u32 = UNWIND_STOPS + crate::unwind_stop::COUNT;
     /// Page-fault samples recorded (the `faults` group), each standing for its period.
     pub const FAULT_SAMPLES: u32 = PYTHON_STOPS + crate::python_stop::COUNT;
+    /// Allocator calls the `alloc` group's probes saw (each a trap in the process).
+    pub const ALLOC_CALLS: u32 = FAULT_SAMPLES + 1;
+    /// Allocations sampled (one per mean sampling interval of bytes).
+    pub const ALLOC_SAMPLES: u32 = ALLOC_CALLS + 1;
+    /// Sampled allocations not tracked until freed: the live table was full. They are in
+    /// the allocated totals, not in memory in use.
+    pub const ALLOC_UNTRACKED: u32 = ALLOC_SAMPLES + 1;
     /// What the programs cost, measured by themselves while `MEASURE_RUN_TIME` is set (under
     /// a CPU budget), by source (`run::ON_CPU`, `run::OFF_CPU`, `run::NET`), at index
     /// `RUN_NS + run::SLOTS * source + slot`, the nanoseconds and number of runs that recorded
     /// something (the part a sampling rate scales) and of runs that recorded nothing (sampled
     /// out, filtered, idle: the part no rate lowers). A program's own clock misses what the
     /// kernel spends to enter and leave it; the run counts let the agent add that.
-    pub const RUN_NS: u32 = FAULT_SAMPLES + 1;
+    pub const RUN_NS: u32 = ALLOC_UNTRACKED + 1;
     /// Number of counters.
     pub const COUNT: u32 = RUN_NS + super::run::SLOTS * super::run::SOURCES;
 
@@ -87,6 +94,9 @@ pub mod counter {
         (PYTHON_STOPS + 2, "python_stop_read_fault"),
         (PYTHON_STOPS + 3, "python_stop_depth"),
         (FAULT_SAMPLES, "fault_samples"),
+        (ALLOC_CALLS, "alloc_calls"),
+        (ALLOC_SAMPLES, "alloc_samples"),
+        (ALLOC_UNTRACKED, "alloc_untracked"),
         (RUN_NS + 0, "bpf_run_ns_on_cpu"),
         (RUN_NS + 1, "bpf_runs_on_cpu"),
         (RUN_NS + 2, "bpf_run_ns_skipped_on_cpu"),

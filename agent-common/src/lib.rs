@@ -17,7 +17,7 @@ mod unwind;
 pub use counters::{counter, run};
 pub use layouts::{AreaLayout, FieldLayout, SwitchLayout, TaskLayout};
 pub use network::{attribution, SocketOwner};
-pub use memory::{memory_call, RequestLayout};
+pub use memory::{allocator_call, memory_call, LiveAllocation, LiveKey, RequestLayout, ALLOC_GAPS};
 pub use offcpu::{block_state, OffCpuStart};
 pub use process::{ExeImage, ProcessEvent};
 pub use python::{
@@ -44,6 +44,8 @@ mod pod {
     unsafe impl aya::Pod for super::TaskLayout {}
     unsafe impl aya::Pod for super::AreaLayout {}
     unsafe impl aya::Pod for super::RequestLayout {}
+    unsafe impl aya::Pod for super::LiveKey {}
+    unsafe impl aya::Pod for super::LiveAllocation {}
     unsafe impl aya::Pod for super::UserStack {}
     unsafe impl aya::Pod for super::UnwindRow {}
     unsafe impl aya::Pod for super::ProcessMappings {}

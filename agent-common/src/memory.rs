@@ -1,5 +1,6 @@
-//! The memory kinds' shared facts: which call asked the kernel for memory, and where the
-//! syscall tracepoints keep what it asked for.
+//! The memory kinds' shared facts: which call asked the kernel for memory, where the
+//! syscall tracepoints keep what it asked for, and the `alloc` group's sampling and live
+//! table.
 
 /// Which call a `kind::MEMORY_REQUEST` event is (`SampleKey::aux`).
 pub mod memory_call {
@@ -17,4 +18,42 @@ pub struct RequestLayout {
     pub brk: u32,
     pub mmap_len: u32,
     pub mmap_flags: u32,
+}
+
+/// Which allocator function an `alloc` probe is on (its attach cookie): where its size is.
+pub mod allocator_call {
+    /// `malloc(size)`, `valloc(size)`, C++ `operator new(size)` and its array and aligned forms.
+    pub const MALLOC: u64 = 1;
+    /// `calloc(count, size)`.
+    pub const CALLOC: u64 = 2;
+    /// `realloc(old, size)`: `old` is freed when it succeeds (or when `size` is 0).
+    pub const REALLOC: u64 = 3;
+    /// `memalign(alignment, size)`, `aligned_alloc(alignment, size)`.
+    pub const MEMALIGN: u64 = 4;
+    /// `posix_memalign(&out, alignment, size)`: the address is written to `out`.
+    pub const POSIX_MEMALIGN: u64 = 5;
+}
+
+/// Exponential gaps (bytes) between sampled allocations, drawn from this table at random:
+/// the quantiles of an exponential distribution with the configured mean, so that sampling is
+/// a Poisson process over the bytes allocated (as tcmalloc's and Go's are).
+pub const ALLOC_GAPS: usize = 1024;
+
+/// A sampled allocation's entry in the live table: the process and the address returned.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LiveKey {
+    pub tgid: u32,
+    pub _pad: u32,
+    pub address: u64,
+}
+
+/// A sampled allocation not yet freed: its key (the stacks and task that allocated it), size,
+/// and when (`bpf_ktime_get_ns`, CLOCK_MONOTONIC).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LiveAllocation {
+    pub key: crate::SampleKey,
+    pub size: u64,
+    pub at_ns: u64,
 }

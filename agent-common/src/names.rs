@@ -59,6 +59,17 @@ pub const PROG_BRK: &str = "brk_called";
 pub const PROG_MMAP: &str = "mmap_called";
 /// Global: `RequestLayout`.
 pub const REQUEST_LAYOUT: &str = "REQUEST_LAYOUT";
+/// The `alloc` group's uprobes: on an allocator function's entry (its cookie an
+/// `allocator_call`), on its return, and on `free` and its kin.
+pub const PROG_ALLOCATION_CALLED: &str = "allocation_called";
+pub const PROG_ALLOCATION_RETURNED: &str = "allocation_returned";
+pub const PROG_FREE_CALLED: &str = "free_called";
+/// Global: `[u64; ALLOC_GAPS]`, the sampling gaps.
+pub const ALLOC_GAP_TABLE: &str = "ALLOC_GAP_TABLE";
+/// Sampled allocations not yet freed, `LiveKey` to `LiveAllocation`.
+pub const LIVE_ALLOCATIONS: &str = "LIVE_ALLOCATIONS";
+/// Per thread, the allocator call it is in.
+pub const ALLOC_IN_CALL: &str = "IN_CALL";
 pub const PROG_EXEC: &str = "process_exec";
 pub const PROG_EXIT: &str = "process_exit";
 pub const PROG_FORK: &str = "process_fork";

@@ -62,7 +62,13 @@ pub mod kind {
     /// A call that asked the kernel for memory (`brk`, anonymous `mmap`), weighed by the
     /// bytes asked for; `SampleKey::aux` says which (`memory_call`).
     pub const MEMORY_REQUEST: u8 = 9;
-    pub const COUNT: usize = 10;
+    /// An allocation sampled by the `alloc` group, weighed by its bytes (the drain scales
+    /// both to estimates of all allocations).
+    pub const ALLOCATION: u8 = 10;
+    /// Sampled allocations still live at a drain, from the live table: userspace makes these
+    /// keys, no program records them. `SampleKey::aux` is 1 for those older than the leak age.
+    pub const LIVE_ALLOCATION: u8 = 11;
+    pub const COUNT: usize = 12;
     /// The network kinds, in order, as indices into `NET_LAYOUTS`.
     pub const FIRST_NET: u8 = NET_DEV_QUEUE;
     pub const NET_COUNT: usize = (KFREE_SKB - FIRST_NET) as usize + 1;

@@ -2,7 +2,8 @@
 //! work; everything that cannot be kept is counted by reason in the set's counter array.
 //!
 //! Programs, a file each: `oncpu` (perf_event), `faults` (perf_event on page faults),
-//! `memory_requests` (brk and anonymous mmap calls), `offcpu` (sched_switch), `network` (one
+//! `memory_requests` (brk and anonymous mmap calls), `allocations` (uprobes on a process's
+//! allocator), `offcpu` (sched_switch), `network` (one
 //! program per net tracepoint, and the socket's last sender), `process_life` (fork, exec,
 //! exit, code replaced in place, cgroup moves). What they share: `buffers` (the A/B sets and
 //! their counters), `aggregate` (adding to a key), `perf_sample` (a perf event's sample),
@@ -15,6 +16,7 @@
 #![feature(asm_experimental_arch)]
 
 mod aggregate;
+mod allocations;
 mod announce;
 mod buffers;
 mod config;

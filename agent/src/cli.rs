@@ -152,13 +152,30 @@ pub struct SymbolArgs {
 pub struct SamplingArgs {
     /// Event groups to record: cpu (on-CPU sampling), offcpu (blocked time, by where threads
     /// blocked; with cpu also a wall-clock profile), net (network tracepoints), faults (page
-    /// faults: where memory is first touched) [default: cpu].
-    #[arg(long, value_delimiter = ',', value_parser = ["cpu", "offcpu", "net", "faults"])]
+    /// faults: where memory is first touched), alloc (the allocator calls of the --pid
+    /// processes: what they allocate and hold) [default: cpu].
+    #[arg(long, value_delimiter = ',', value_parser = ["cpu", "offcpu", "net", "faults", "alloc"])]
     pub events: Vec<String>,
     /// Faults: record one page fault in N on each CPU (each sample stands for N)
     /// [default: 1000].
     #[arg(long)]
     pub fault_period: Option<u64>,
+    /// Alloc: sample one allocation per this many bytes allocated, on average (e.g. 512KiB,
+    /// 1MiB) [default: 512KiB].
+    #[arg(long)]
+    pub alloc_sample: Option<String>,
+    /// Alloc: sampled allocations tracked until freed; beyond, they are counted as untracked
+    /// [default: 65536].
+    #[arg(long)]
+    pub alloc_max_live: Option<u32>,
+    /// Alloc: sampled allocations still live after this long are labelled leak=suspected
+    /// [default: 10m].
+    #[arg(long)]
+    pub leak_age: Option<String>,
+    /// Alloc: take the probes out after this long (every allocator call traps while they
+    /// are in) [default: 60s; record: its duration].
+    #[arg(long)]
+    pub alloc_for: Option<String>,
     /// Network tracepoints for the net group [default: net:net_dev_queue,
     /// net:netif_receive_skb, tcp:tcp_retransmit_skb, skb:kfree_skb].
     #[arg(long, value_delimiter = ',')]

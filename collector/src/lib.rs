@@ -118,7 +118,7 @@ enum Command {
         #[arg(long, default_value = "ember-data")]
         data_dir: PathBuf,
         /// Profile kind: cpu, offcpu, wall, net-tx, net-rx, net-retransmit, net-drop, faults,
-        /// memory-requests.
+        /// memory-requests, heap.
         #[arg(long, default_value = "cpu")]
         kind: String,
         /// Labels to match, e.g. "host=web-1,service=api" (agent and host are built in); keys a

@@ -7,7 +7,7 @@ use tonic::{Request, Response, Status};
 
 use crate::store::{Checked, Store};
 
-pub const KINDS: [&str; 9] = ["cpu", "offcpu", "wall", "net-tx", "net-rx", "net-retransmit", "net-drop", "faults", "memory-requests"];
+pub const KINDS: [&str; 10] = ["cpu", "offcpu", "wall", "net-tx", "net-rx", "net-retransmit", "net-drop", "faults", "memory-requests", "heap"];
 /// A profile may decompress to at most this much: an agent's 10 s profile is a few MiB at
 /// most, and a small push must not make the collector inflate hundreds of MiB.
 pub const MAX_DECOMPRESSED: u64 = 64 << 20;

@@ -28,6 +28,8 @@ pub fn view(kind: &str) -> View {
         // Memory grows by bytes.
         "faults" => View { value: 1, roots: &["comm"] },
         "memory-requests" => View { value: 1, roots: &["comm", "call"] },
+        // What sampled allocations still hold (inuse_space).
+        "heap" => View { value: 3, roots: &["comm"] },
         _ => View { value: 0, roots: &["comm"] },
     }
 }

@@ -19,6 +19,8 @@ pub enum ProfileKind {
     Faults,
     /// brk and anonymous mmap calls: who asks the kernel for memory.
     MemoryRequests,
+    /// Sampled allocator calls and what they still hold: Go's heap profile.
+    Heap,
 }
 
 /// Bytes a page fault stands for: a base page. (A fault that maps a transparent huge page
@@ -26,7 +28,7 @@ pub enum ProfileKind {
 const FAULT_BYTES: i64 = 4096;
 
 impl ProfileKind {
-    pub const ALL: [ProfileKind; 9] = [
+    pub const ALL: [ProfileKind; 10] = [
         ProfileKind::Cpu,
         ProfileKind::OffCpu,
         ProfileKind::Wall,
@@ -36,6 +38,7 @@ impl ProfileKind {
         ProfileKind::NetDrop,
         ProfileKind::Faults,
         ProfileKind::MemoryRequests,
+        ProfileKind::Heap,
     ];
 
     pub fn name(self) -> &'static str {
@@ -49,6 +52,7 @@ impl ProfileKind {
             ProfileKind::NetDrop => "net-drop",
             ProfileKind::Faults => "faults",
             ProfileKind::MemoryRequests => "memory-requests",
+            ProfileKind::Heap => "heap",
         }
     }
 
@@ -64,6 +68,7 @@ impl ProfileKind {
             ProfileKind::NetDrop => event_kind == kind::KFREE_SKB,
             ProfileKind::Faults => event_kind == kind::PAGE_FAULT,
             ProfileKind::MemoryRequests => event_kind == kind::MEMORY_REQUEST,
+            ProfileKind::Heap => event_kind == kind::ALLOCATION || event_kind == kind::LIVE_ALLOCATION,
         }
     }
 
@@ -77,6 +82,8 @@ impl ProfileKind {
             ProfileKind::NetRetransmit | ProfileKind::NetDrop => &[("packets", "count")],
             ProfileKind::Faults => &[("page_faults", "count"), ("fault_bytes", "bytes")],
             ProfileKind::MemoryRequests => &[("requests", "count"), ("requested_bytes", "bytes")],
+            // Go's names, units and order, which pprof and Pyroscope read as a heap profile.
+            ProfileKind::Heap => &[("alloc_objects", "count"), ("alloc_space", "bytes"), ("inuse_objects", "count"), ("inuse_space", "bytes")],
         }
     }
 
@@ -94,6 +101,8 @@ impl ProfileKind {
             ProfileKind::NetRetransmit | ProfileKind::NetDrop => vec![count],
             // A sample stands for its period's faults.
             ProfileKind::Faults => vec![total, total * FAULT_BYTES],
+            ProfileKind::Heap if sample.kind == kind::LIVE_ALLOCATION => vec![0, 0, count, total],
+            ProfileKind::Heap => vec![count, total, 0, 0],
         }
     }
 
@@ -102,7 +111,13 @@ impl ProfileKind {
     /// "owned by". Transmits are attributed to the socket's sender (see `comment`).
     pub fn task_label_prefix(self) -> &'static str {
         match self {
-            ProfileKind::Cpu | ProfileKind::OffCpu | ProfileKind::Wall | ProfileKind::NetTx | ProfileKind::Faults | ProfileKind::MemoryRequests => "",
+            ProfileKind::Cpu
+            | ProfileKind::OffCpu
+            | ProfileKind::Wall
+            | ProfileKind::NetTx
+            | ProfileKind::Faults
+            | ProfileKind::MemoryRequests
+            | ProfileKind::Heap => "",
             _ => "ran_on_",
         }
     }
@@ -113,6 +128,11 @@ impl ProfileKind {
             ProfileKind::Faults => Some(
                 "ember.note=each page-fault sample stands for its period's faults, a 4 KiB page each \
                  (a fault that maps a transparent huge page counts one page)",
+            ),
+            ProfileKind::Heap => Some(
+                "ember.note=allocations are sampled one per mean interval of bytes and scaled to estimates, as Go's heap \
+                 profiles are; alloc_* count the interval's allocations, inuse_* what sampled allocations still held at \
+                 its end; leak=suspected marks those older than the leak age",
             ),
             ProfileKind::NetTx => Some(
                 "ember.note=transmits are attributed to the socket's last sender with its send stacks \

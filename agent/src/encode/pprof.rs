@@ -4,7 +4,7 @@
 //! different processes shares one location.
 use std::{collections::HashMap, time::UNIX_EPOCH};
 
-use agent_common::counter;
+use agent_common::{counter, kind};
 use ember_proto::pprof::{Function, Label, Line, Location, Mapping, Profile, Sample, ValueType};
 use ember_pprof::{StringIndex, JIT_MAPPING, KERNEL_MAPPING, PYTHON_MAPPING};
 
@@ -147,6 +147,10 @@ pub fn build(interval: &ResolvedInterval, symbols: &Symbolizer, info: &ProfileIn
         b.profile.period_type = b.profile.sample_type.get(1).copied();
         b.profile.period = period;
     }
+    if kind == ProfileKind::Heap {
+        // pprof shows a heap profile's memory in use first, as Go's.
+        b.profile.default_sample_type = b.string("inuse_space");
+    }
     let prefix = kind.task_label_prefix();
 
     for sample in interval.samples.iter().filter(|s| kind.includes(s.kind)) {
@@ -171,7 +175,8 @@ pub fn build(interval: &ResolvedInterval, symbols: &Symbolizer, info: &ProfileIn
             }
             ProfileKind::NetDrop => label.push(b.label_str("reason", sample.reason.as_deref().unwrap_or(""))),
             ProfileKind::MemoryRequests => label.push(b.label_str("call", call_label(sample.state))),
-            ProfileKind::Cpu | ProfileKind::NetRetransmit | ProfileKind::Faults => {}
+            ProfileKind::Heap if sample.kind == kind::LIVE_ALLOCATION && sample.state == 1 => label.push(b.label_str("leak", "suspected")),
+            ProfileKind::Cpu | ProfileKind::NetRetransmit | ProfileKind::Faults | ProfileKind::Heap => {}
         }
         let values = kind.values(sample, nominal_period);
         let key = (location_id, label.iter().map(|l| (l.key, l.str, l.num)).collect());

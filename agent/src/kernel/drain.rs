@@ -115,6 +115,7 @@ impl Sampler {
             self.counters.set(slot, zero, 0).context("clearing counters")?;
         }
         spread_unsampled(&unsampled, &per_cpu, &unrecorded, &mut interval.counts);
+        self.add_live_allocations(&mut interval)?;
         Ok(interval)
     }
 

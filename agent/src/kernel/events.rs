@@ -1,6 +1,8 @@
 //! What the kernel side can be asked to record: the perf event that drives on-CPU sampling,
 //! the network tracepoints, and the resolved settings the loader receives. Parsing user input
 //! into these is the settings module's job; this one only knows what exists.
+use std::time::Duration;
+
 use agent_common::{kind, names};
 use aya::programs::perf_event::{HardwareEvent, PerfEventConfig, SoftwareEvent};
 
@@ -87,6 +89,8 @@ pub struct KernelSettings {
     pub net: Vec<NetEvent>,
     /// Page faults (the `faults` group): one in how many is sampled on each CPU, if enabled.
     pub fault_period: Option<u64>,
+    /// The `alloc` group, if enabled: probes on the allocators of the `pids` processes.
+    pub alloc: Option<AllocSettings>,
     /// Distinct (thread, stack) keys per interval; events beyond are counted as `map_full`.
     pub max_keys: u32,
     /// Distinct user stacks, and distinct kernel stacks, per interval.
@@ -118,6 +122,7 @@ impl KernelSettings {
             off_cpu: None,
             net: Vec::new(),
             fault_period: None,
+            alloc: None,
             max_keys: 64,
             max_stacks: 64,
             unwind_rows: 64,
@@ -126,6 +131,18 @@ impl KernelSettings {
             measure_run_time: false,
         }
     }
+}
+
+#[derive(Clone, Debug)]
+pub struct AllocSettings {
+    /// Mean bytes allocated between two samples.
+    pub mean_bytes: u64,
+    /// Sampled allocations tracked until freed at once.
+    pub max_live: u32,
+    /// Live allocations older than this are labelled suspected leaks.
+    pub leak_age: Duration,
+    /// The probes come out after this long (None: when the agent stops).
+    pub probe_for: Option<Duration>,
 }
 
 #[derive(Clone, Debug)]

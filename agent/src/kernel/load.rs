@@ -7,14 +7,15 @@ use std::{
     time::SystemTime,
 };
 
-use agent_common::{names, OffCpuStart, Rates, SampleKey, SampleValue, SocketOwner, UserStack};
+use agent_common::{names, LiveAllocation, LiveKey, OffCpuStart, Rates, SampleKey, SampleValue, SocketOwner, UserStack};
 use anyhow::{Context as _, Result};
 use aya::{
     maps::{Array, HashMap as BpfHashMap, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap},
     programs::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         trace_point::TracePointLinkId,
-        PerfEvent, ProgramError, ProgramInfo, TracePoint,
+        uprobe::UProbeLinkId,
+        PerfEvent, ProgramError, ProgramInfo, TracePoint, UProbe,
     },
     util::{nr_cpus, online_cpus},
     Ebpf, EbpfLoader,
@@ -27,6 +28,7 @@ use super::{
     barrier::ProgramBarrier,
     events::KernelSettings,
     btf::Btf,
+    alloc_sampling::{gap_table, LiveSet},
     layouts::{area_layout, exit_group_dead, fork_child_pid, net_layouts, request_layout, switch_layout, task_layout, transmit_attribution},
     sampling::{Paused, PerfSampling, SamplingRates},
     unwind_maps::UnwindMaps,
@@ -79,6 +81,12 @@ pub struct Sampler {
     pub(super) last_stacks: [HashMap<(bool, u32), Stack>; 2],
     /// The kernel's accounting of the programs' run time, on under a CPU budget.
     pub(super) run_time_stats: Option<RunTimeStats>,
+    /// Sampled allocations not yet freed (the `alloc` group only), and what the drain keeps
+    /// of them.
+    pub(super) live: Option<BpfHashMap<MapData, LiveKey, LiveAllocation>>,
+    pub(super) live_set: Option<LiveSet>,
+    /// The allocator probes in, by program.
+    pub(super) alloc_links: Vec<(&'static str, UProbeLinkId)>,
 }
 
 impl Sampler {
@@ -114,6 +122,14 @@ impl Sampler {
         }
         if let Some(layout) = &requests {
             loader.override_global(names::REQUEST_LAYOUT, layout, true);
+        }
+        let gaps = settings.alloc.as_ref().map(|alloc| gap_table(alloc.mean_bytes));
+        if let Some(gaps) = &gaps {
+            loader.override_global(names::ALLOC_GAP_TABLE, &gaps[..], true);
+        }
+        loader.map_max_entries(names::LIVE_ALLOCATIONS, settings.alloc.as_ref().map_or(1, |a| a.max_live));
+        if settings.alloc.is_none() {
+            loader.map_max_entries(names::ALLOC_IN_CALL, 1);
         }
         loader.override_global(names::NET_LAYOUTS, &net_layouts[..], true);
         if let Some((skb_sk, send_sk, send_ret)) = &attribution {
@@ -193,6 +209,17 @@ impl Sampler {
             attach_tracepoint(&mut ebpf, names::PROG_MMAP, "syscalls", "sys_enter_mmap")?;
         }
 
+        // Loaded now, attached to each chosen process's allocator by the resolve stage.
+        if settings.alloc.is_some() {
+            for program in [names::PROG_ALLOCATION_CALLED, names::PROG_ALLOCATION_RETURNED, names::PROG_FREE_CALLED] {
+                load_uprobe(&mut ebpf, program)?;
+            }
+        }
+        let live = match settings.alloc {
+            Some(_) => Some(BpfHashMap::try_from(take(&mut ebpf, names::LIVE_ALLOCATIONS)?)?),
+            None => None,
+        };
+
         let sets = [0, 1].map(|i| -> Result<BufferSet> {
             Ok(BufferSet {
                 counts: PerCpuHashMap::try_from(take(&mut ebpf, names::COUNTS[i])?)?,
@@ -243,6 +270,9 @@ impl Sampler {
             sock_owner,
             last_stacks: Default::default(),
             run_time_stats: if settings.measure_run_time { RunTimeStats::enable() } else { None },
+            live,
+            live_set: settings.alloc.as_ref().map(|alloc| LiveSet::new(alloc.mean_bytes, alloc.leak_age)),
+            alloc_links: Vec::new(),
         };
         Ok((sampler, Announcements::new(process_events)?, unwind_maps))
     }
@@ -273,20 +303,30 @@ fn attach_fault_sampler(ebpf: &mut Ebpf, cpus: &[u32], period: u64) -> Result<()
     Ok(())
 }
 
+/// Loads a program as its type (aya's program types share no trait for `load`).
+macro_rules! load_as {
+    ($type:ty, $ebpf:expr, $program:expr) => {{
+        let program = $program;
+        let prog: &mut $type = $ebpf.program_mut(program).context("program missing")?.try_into()?;
+        prog.load().map_err(|e| anyhow::anyhow!("loading {program}: {e}{}", chain(&e)))?;
+        log_verified(program, prog.info());
+        Ok(prog)
+    }};
+}
+
 /// Loads a perf_event program.
 fn load_perf_event<'a>(ebpf: &'a mut Ebpf, program: &str) -> Result<&'a mut PerfEvent> {
-    let prog: &mut PerfEvent = ebpf.program_mut(program).context("program missing")?.try_into()?;
-    prog.load().map_err(|e| anyhow::anyhow!("loading {program}: {e}{}", chain(&e)))?;
-    log_verified(program, prog.info());
-    Ok(prog)
+    load_as!(PerfEvent, ebpf, program)
 }
 
 /// Loads a tracepoint program.
 fn load_tracepoint<'a>(ebpf: &'a mut Ebpf, program: &str) -> Result<&'a mut TracePoint> {
-    let prog: &mut TracePoint = ebpf.program_mut(program).context("program missing")?.try_into()?;
-    prog.load().map_err(|e| anyhow::anyhow!("loading {program}: {e}{}", chain(&e)))?;
-    log_verified(program, prog.info());
-    Ok(prog)
+    load_as!(TracePoint, ebpf, program)
+}
+
+/// Loads a uprobe program (attached later, to chosen processes).
+fn load_uprobe<'a>(ebpf: &'a mut Ebpf, program: &str) -> Result<&'a mut UProbe> {
+    load_as!(UProbe, ebpf, program)
 }
 
 /// Loads one tracepoint program and attaches it to each of `tracepoints` (category, name).

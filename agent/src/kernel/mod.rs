@@ -2,6 +2,8 @@
 //! struct layouts, loads and attaches the BPF programs, and drains their double-buffered maps
 //! once per interval. Its only caller is the resolve stage (and `settings`, for validation).
 mod accounting;
+mod alloc_probes;
+mod alloc_sampling;
 mod announce;
 mod aya_errors;
 mod barrier;
@@ -10,6 +12,7 @@ mod btf;
 mod drain;
 mod events;
 mod layouts;
+mod live_allocations;
 mod load;
 mod rates;
 mod sampling;
@@ -18,9 +21,10 @@ pub mod preflight;
 pub mod tracefs;
 
 pub use accounting::ProgramCost;
+pub use alloc_probes::AllocProbe;
 pub use announce::Announcements;
 pub use drain::{Counters, RawInterval, Stack};
-pub use events::{Event, KernelSettings, NetEvent, OffCpuSettings};
+pub use events::{AllocSettings, Event, KernelSettings, NetEvent, OffCpuSettings};
 pub use load::Sampler;
 pub use rates::{Overhead, Unseen};
 pub use sampling::{Paused, SamplingRates, TickPhase};

@@ -29,6 +29,8 @@ const HELP: &[(&str, &str)] = &[
     ("ember_overhead_ratio", "What profiling cost over the last interval, as a share of one core: the agent's CPU (part=agent) and its BPF programs' run time (part=bpf; measured while a CPU budget is set)"),
     ("ember_over_cpu_budget", "1 while profiling costs more than the CPU budget even at the lowest rates the governor sets"),
     ("ember_paused", "1 while the CPU budget pauses what no rate lowers: what=off_cpu (the off-CPU program, detached) or exec_capture (new processes captured at their first sample, not at exec)"),
+    ("ember_alloc_live_tracked", "Sampled allocations tracked until freed at the last drain (the alloc group; at most alloc_max_live)"),
+    ("ember_alloc_released_at_exit_total", "Sampled allocations still live when their process exited, given back with it (the alloc group)"),
     ("ember_unseen_total", "What the CPU budget's pauses did not see: what=context_switches (while off-CPU tracking was paused) or processes_started (while exec captures were paused)"),
     ("ember_sampling_frequency_hz", "On-CPU sampling frequency in force (the governor lowers it under a CPU budget)"),
     ("ember_sampling_ratio", "One event in this many is recorded (and counted this many times), by source: off_cpu, net"),

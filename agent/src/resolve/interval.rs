@@ -121,6 +121,8 @@ impl ResolvedInterval {
         }
         self.start = self.start.min(other.start).or(self.start).or(other.start);
         self.end = self.end.max(other.end);
+        // Memory in use is a snapshot: the later one replaces the earlier.
+        self.samples.retain(|sample| sample.kind != kind::LIVE_ALLOCATION);
         self.samples.extend(other.samples);
         for (total, add) in self.counters.0.iter_mut().zip(other.counters.0) {
             *total += add;

@@ -1,6 +1,7 @@
 //! Stage 2, resolve: owns the loaded kernel side, captures new processes when the kernel
 //! announces them (their mappings, while they still run), and turns each drain into a
 //! resolved interval of processes, cgroup labels and binary offsets. The commands call it.
+mod allocator;
 mod binary;
 mod cgroups;
 mod code_areas;
@@ -18,10 +19,10 @@ mod targets;
 mod untrusted;
 mod vdso;
 
-use std::collections::HashMap;
+use std::{collections::HashMap, time::Instant};
 
 use agent_common::kind;
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 
 pub use binary::{build_id_of, Binary, BinaryOpened};
 pub use cgroups::cgroup_id;
@@ -54,6 +55,8 @@ pub struct Resolver {
     drop_reasons: DropReasons,
     /// Capacities of the counts and stacks maps, for the fill metrics.
     capacity: (u32, u32),
+    /// When the allocator probes come out.
+    alloc_until: Option<Instant>,
 }
 
 impl Resolver {
@@ -76,6 +79,7 @@ impl Resolver {
             targets,
             drop_reasons,
             capacity: (settings.max_keys, settings.max_stacks),
+            alloc_until: None,
         };
         // Processes that already run are loaded now, so that their first samples already have
         // complete stacks (a process is otherwise loaded when first sampled). With a cgroup
@@ -91,7 +95,23 @@ impl Resolver {
             resolver.processes.capture(tgid, None);
         }
         resolver.load_unwind_tables();
+        if let Some(alloc) = &settings.alloc {
+            for &pid in &settings.pids {
+                resolver.probe_allocator(pid)?;
+            }
+            resolver.alloc_until = alloc.probe_for.map(|duration| Instant::now() + duration);
+        }
         Ok(resolver)
+    }
+
+    /// Puts the `alloc` group's probes on the allocator of process `pid`.
+    fn probe_allocator(&mut self, pid: u32) -> Result<()> {
+        let files = self.processes.code_files(pid);
+        anyhow::ensure!(!files.is_empty(), "process {pid} could not be read: is it running?");
+        let found = allocator::find(&files).with_context(|| format!("process {pid} maps no allocator Ember can probe (no file of it defines malloc)"))?;
+        let probes = self.sampler.probe_allocator(pid, &found.binary.open_path(), &found.functions)?;
+        tracing::info!(pid, allocator = found.binary.path, probes, "allocator probed");
+        Ok(())
     }
 
     /// Waits for the kernel to announce new processes and captures them. Loop on it.
@@ -150,6 +170,11 @@ impl Resolver {
 
     /// Ends the current interval: drains the kernel's buffers and resolves the samples.
     pub fn drain(&mut self) -> Result<ResolvedInterval> {
+        if self.alloc_until.is_some_and(|until| Instant::now() >= until) {
+            self.alloc_until = None;
+            self.sampler.unprobe_allocators()?;
+            tracing::info!("allocator probes taken out: their time is up (alloc_for)");
+        }
         untrusted::new_interval();
         self.pythons.new_interval();
         self.capture_announced();

@@ -343,6 +343,21 @@ impl ProcessTable {
         Ok(binary)
     }
 
+    /// The files a process (its latest life) maps code from, each once, by address: its
+    /// executable first where it is mapped lowest, as usual.
+    pub fn code_files(&self, tgid: u32) -> Vec<Arc<Binary>> {
+        let Some(process) = self.processes.get(&tgid) else { return Vec::new() };
+        let mut files: Vec<Arc<Binary>> = Vec::new();
+        for mapping in &process.mappings {
+            if let MappingTarget::File(binary) = &mapping.target {
+                if !files.iter().any(|f| f.id == binary.id) {
+                    files.push(binary.clone());
+                }
+            }
+        }
+        files
+    }
+
     /// The files of a process (its latest life) that may hold a CPython interpreter, by
     /// name: each, where it is mapped, and from which file offset.
     pub fn interpreter_candidates(&self, tgid: u32) -> Vec<(Arc<Binary>, u64, u64)> {

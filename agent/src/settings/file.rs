@@ -33,9 +33,14 @@ pub struct FileConfig {
     pub unwind_table_mib: Option<f64>,
     pub pids: Option<Vec<u32>>,
     pub cgroup: Option<String>,
-    /// "cpu", "offcpu", "net", "faults".
+    /// "cpu", "offcpu", "net", "faults", "alloc".
     pub events: Option<Vec<String>>,
     pub fault_period: Option<u64>,
+    /// "512KiB".
+    pub alloc_sample: Option<String>,
+    pub alloc_max_live: Option<u32>,
+    pub leak_age: Option<String>,
+    pub alloc_for: Option<String>,
     pub net_events: Option<Vec<String>>,
     pub offcpu_min_block: Option<String>,
     pub offcpu_max_block: Option<String>,

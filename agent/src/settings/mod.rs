@@ -19,7 +19,7 @@ use crate::{
     cli::{RecordArgs, RunArgs, SamplingArgs, SymbolArgs},
     duration::parse_duration,
     encode::ProfileKind,
-    kernel::{tracefs::Format, Event, KernelSettings, NetEvent, OffCpuSettings},
+    kernel::{tracefs::Format, AllocSettings, Event, KernelSettings, NetEvent, OffCpuSettings},
     resolve::{
         cgroup_id,
         pods::{PodSettings, Source},
@@ -36,6 +36,12 @@ const DEFAULT_MAX_KEYS: u32 = 10_240;
 /// microsecond: one sample in 1,000 faults keeps what sampling adds to a fault-heavy
 /// workload under 1%.
 const DEFAULT_FAULT_PERIOD: u64 = 1000;
+/// tcmalloc's and Go's mean: big allocations are always seen, and a process allocating a
+/// GiB a second is sampled 2,000 times a second.
+const DEFAULT_ALLOC_SAMPLE: &str = "512KiB";
+const DEFAULT_ALLOC_MAX_LIVE: u32 = 65_536;
+const DEFAULT_LEAK_AGE: &str = "10m";
+const DEFAULT_ALLOC_FOR: &str = "60s";
 const DEFAULT_MAX_STACKS: u32 = 8_192;
 const DEFAULT_UNWIND_TABLE_MIB: f64 = 16.0;
 const DEFAULT_OFFCPU_MAX_THREADS: u32 = 65_536;
@@ -113,7 +119,11 @@ impl RunSettings {
 
 impl RecordSettings {
     pub fn resolve(args: &RecordArgs) -> Result<RecordSettings> {
-        let kernel = kernel_settings(&args.sampling, &FileConfig::default(), DEFAULT_RECORD_FREQUENCY)?;
+        let mut kernel = kernel_settings(&args.sampling, &FileConfig::default(), DEFAULT_RECORD_FREQUENCY)?;
+        // A recording's probes stay in for its duration, unless told otherwise.
+        if let Some(alloc) = kernel.alloc.as_mut() {
+            alloc.probe_for = args.sampling.alloc_for.as_deref().map(parse_duration).transpose()?;
+        }
         let files = FileOutputs { pprof: Some(args.output.clone()), folded: args.folded.clone(), flamegraph: args.flamegraph.clone() };
         let symbols = symbol_settings(&args.symbols, &FileConfig::default())?;
         Ok(RecordSettings { kinds: profile_kinds(&kernel), kernel, duration: args.duration, files, symbols })
@@ -178,8 +188,8 @@ fn kernel_settings(args: &SamplingArgs, file: &FileConfig, default_frequency: u6
     if events.is_empty() {
         events.push("cpu".into());
     }
-    if let Some(unknown) = events.iter().find(|e| !["cpu", "offcpu", "net", "faults"].contains(&e.as_str())) {
-        bail!("unknown event group {unknown:?}: use cpu, offcpu, net or faults");
+    if let Some(unknown) = events.iter().find(|e| !["cpu", "offcpu", "net", "faults", "alloc"].contains(&e.as_str())) {
+        bail!("unknown event group {unknown:?}: use cpu, offcpu, net, faults or alloc");
     }
     let has = |group: &str| events.iter().any(|e| e == group);
     let fault_period = args.fault_period.or(file.fault_period).unwrap_or(DEFAULT_FAULT_PERIOD);
@@ -197,6 +207,8 @@ fn kernel_settings(args: &SamplingArgs, file: &FileConfig, default_frequency: u6
             net.push(event);
         }
     }
+    let pids = if args.pids.is_empty() { file.pids.clone().unwrap_or_default() } else { args.pids.clone() };
+    let alloc = has("alloc").then(|| alloc_settings(args, file, &pids)).transpose()?;
     Ok(KernelSettings {
         cpu: has("cpu"),
         event: args.event.or(file.event).unwrap_or(Event::CpuClock),
@@ -204,13 +216,46 @@ fn kernel_settings(args: &SamplingArgs, file: &FileConfig, default_frequency: u6
         off_cpu,
         net,
         fault_period: has("faults").then_some(fault_period),
+        alloc,
         max_keys: args.max_keys.or(file.max_keys).unwrap_or(DEFAULT_MAX_KEYS),
         max_stacks: args.max_stacks.or(file.max_stacks).unwrap_or(DEFAULT_MAX_STACKS),
         unwind_rows: unwind_rows(args.unwind_table_mib.or(file.unwind_table_mib).unwrap_or(DEFAULT_UNWIND_TABLE_MIB))?,
-        pids: if args.pids.is_empty() { file.pids.clone().unwrap_or_default() } else { args.pids.clone() },
+        pids,
         cgroup_id: cgroup.as_deref().map(cgroup_id).transpose()?,
         measure_run_time: false,
     })
+}
+
+fn alloc_settings(args: &SamplingArgs, file: &FileConfig, pids: &[u32]) -> Result<AllocSettings> {
+    // Every call of a probed allocator traps (microseconds): never on every process of a host.
+    ensure!(!pids.is_empty(), "the alloc group probes the allocators of chosen processes only: give them with --pid");
+    let text = |flag: &Option<String>, file: &Option<String>, default: &str| flag.clone().or(file.clone()).unwrap_or_else(|| default.to_string());
+    let mean_bytes = parse_bytes(&text(&args.alloc_sample, &file.alloc_sample, DEFAULT_ALLOC_SAMPLE)).context("alloc_sample")?;
+    ensure!((1..=1 << 40).contains(&mean_bytes), "alloc_sample must be between 1 byte and 1TiB");
+    let max_live = args.alloc_max_live.or(file.alloc_max_live).unwrap_or(DEFAULT_ALLOC_MAX_LIVE);
+    ensure!((1..=1 << 24).contains(&max_live), "alloc_max_live must be between 1 and 16777216");
+    Ok(AllocSettings {
+        mean_bytes,
+        max_live,
+        leak_age: parse_duration(&text(&args.leak_age, &file.leak_age, DEFAULT_LEAK_AGE)).context("leak_age")?,
+        probe_for: Some(parse_duration(&text(&args.alloc_for, &file.alloc_for, DEFAULT_ALLOC_FOR)).context("alloc_for")?),
+    })
+}
+
+/// "512KiB", "1MiB", "64k", "4096" (bytes): binary units, as allocators count.
+fn parse_bytes(text: &str) -> Result<u64> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: u64 = number.parse().with_context(|| format!("invalid size {text:?}: expected e.g. 512KiB or 1MiB"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" | "kb" => 1 << 10,
+        "m" | "mib" | "mb" => 1 << 20,
+        "g" | "gib" | "gb" => 1 << 30,
+        other => bail!("invalid size {text:?}: unknown unit {other:?} (use B, KiB, MiB or GiB)"),
+    };
+    value.checked_mul(scale).with_context(|| format!("size {text:?} is too large"))
 }
 
 /// Rows of 8 bytes that fit in the unwind table budget.
@@ -270,6 +315,7 @@ fn profile_kinds(kernel: &KernelSettings) -> Vec<ProfileKind> {
             ProfileKind::NetRetransmit => kernel.records_net(&[kind::TCP_RETRANSMIT_SKB]),
             ProfileKind::NetDrop => kernel.records_net(&[kind::KFREE_SKB]),
             ProfileKind::Faults | ProfileKind::MemoryRequests => kernel.fault_period.is_some(),
+            ProfileKind::Heap => kernel.alloc.is_some(),
         })
         .collect()
 }
@@ -402,6 +448,17 @@ mod tests {
         for bad in ["1", "0%", "500%", "one%"] {
             let error = parse_cpu_budget(bad).unwrap_err().to_string();
             assert!(error.contains("cpu_budget") && !error.contains('\n'), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn sizes_take_binary_units() {
+        assert_eq!(parse_bytes("512KiB").unwrap(), 512 << 10);
+        assert_eq!(parse_bytes("1 MiB").unwrap(), 1 << 20);
+        assert_eq!(parse_bytes("64k").unwrap(), 64 << 10);
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        for bad in ["", "1.5MiB", "12 parsecs", "99999999999999999999GiB"] {
+            assert!(parse_bytes(bad).is_err(), "{bad}");
         }
     }
 }

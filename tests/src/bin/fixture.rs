@@ -98,6 +98,69 @@ fn ask_rest(mib: usize) {
     }
 }
 
+/// Allocates a block of `size` bytes and writes its first byte; the caller frees it.
+#[inline(never)]
+fn alloc_most(size: usize) -> *mut u8 {
+    let block = unsafe { libc::malloc(size) }.cast::<u8>();
+    assert!(!block.is_null());
+    unsafe { std::ptr::write_volatile(block, 1) };
+    block
+}
+
+// Different code from alloc_most (the value written): identical functions get merged.
+#[inline(never)]
+fn alloc_rest(size: usize) -> *mut u8 {
+    let block = unsafe { libc::malloc(size) }.cast::<u8>();
+    assert!(!block.is_null());
+    unsafe { std::ptr::write_volatile(block, 2) };
+    block
+}
+
+/// Allocates `mib` MiB in blocks of `block` bytes and never frees them.
+#[inline(never)]
+fn leak(mib: usize, block: usize) -> Vec<*mut u8> {
+    (0..(mib << 20) / block).map(|_| unsafe { libc::malloc(block) }.cast::<u8>()).inspect(|b| assert!(!b.is_null())).collect()
+}
+
+/// Each allocation call that is not `malloc`, 16 blocks of 256 KiB each, kept (4 MiB a
+/// function): `realloc` from NULL (glibc's calls its own `malloc`) and then grown.
+#[inline(never)]
+fn via_calloc() -> Vec<*mut u8> {
+    (0..16).map(|_| unsafe { libc::calloc(64, 4096) }.cast::<u8>()).collect()
+}
+
+#[inline(never)]
+fn via_realloc() -> Vec<*mut u8> {
+    (0..8).map(|_| unsafe { libc::realloc(libc::realloc(std::ptr::null_mut(), 256 << 10), 512 << 10) }.cast::<u8>()).collect()
+}
+
+#[inline(never)]
+fn via_posix_memalign() -> Vec<*mut u8> {
+    let one = || {
+        let mut block = std::ptr::null_mut();
+        assert_eq!(unsafe { libc::posix_memalign(&mut block, 64, 256 << 10) }, 0);
+        block.cast::<u8>()
+    };
+    (0..16).map(|_| one()).collect()
+}
+
+#[inline(never)]
+fn via_aligned_alloc() -> Vec<*mut u8> {
+    (0..16).map(|_| unsafe { libc::aligned_alloc(4096, 256 << 10) }.cast::<u8>()).collect()
+}
+
+/// Blocks given back by `realloc(p, 0)` (which may return a block of no size, freed here),
+/// and `free(NULL)`: nothing stays.
+#[inline(never)]
+fn freed_by_realloc() {
+    for _ in 0..16 {
+        // Through black_box: the compiler may drop a malloc whose block nothing uses.
+        let block = black_box(unsafe { libc::malloc(256 << 10) });
+        unsafe { libc::free(libc::realloc(block, 0)) };
+        unsafe { libc::free(std::ptr::null_mut()) };
+    }
+}
+
 /// Moves the heap's end up by `mib` MiB, with brk.
 #[inline(never)]
 fn grow_heap(mib: usize) {
@@ -336,6 +399,39 @@ fn main() {
                 pages += (LENGTH / 4096) as u64;
             }
             println!("{pages}");
+        }
+        "alloc" => {
+            // 16 KiB blocks, a quarter of the test's sampling mean; the leak's blocks are four
+            // means, so that nearly each is sampled and its estimate is tight.
+            const BLOCK: usize = 16 << 10;
+            let leak_mib: usize = rest.first().map_or(64, |m| m.parse().expect("alloc leak MiB"));
+            let leaked = leak(leak_mib, 256 << 10);
+            // 700 MiB through the two sites, in runs of 10 blocks, 7 to alloc_most: freed
+            // at once, as most allocations are.
+            let (mut most, mut rest_bytes) = (0usize, 0usize);
+            for run in 0..(700 << 20) / BLOCK / 10 {
+                for i in 0..10 {
+                    let block = if (run + i) % 10 < 7 {
+                        most += BLOCK;
+                        alloc_most(BLOCK)
+                    } else {
+                        rest_bytes += BLOCK;
+                        alloc_rest(BLOCK)
+                    };
+                    unsafe { libc::free(block.cast()) };
+                }
+            }
+            println!("{most} {rest_bytes} {}", leak_mib << 20);
+            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+            black_box(leaked);
+        }
+        "alloc-calls" => {
+            let kept = [via_calloc(), via_realloc(), via_posix_memalign(), via_aligned_alloc()];
+            assert!(kept.iter().flatten().all(|b| !b.is_null()));
+            freed_by_realloc();
+            println!("{}", 4 << 20);
+            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+            black_box(kept);
         }
         "requests" => {
             for round in 0..10 {

@@ -1,0 +1,121 @@
+//! Finding a process's allocator for the `alloc` group: the file among its mappings whose
+//! symbols define `malloc` (a preloaded jemalloc or tcmalloc, an allocator linked into the
+//! executable, else libc), and the file offsets of its allocation and free functions.
+use std::{fs::File, sync::Arc};
+
+use agent_common::allocator_call;
+use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
+
+use super::{untrusted::read_with, Binary};
+use crate::kernel::AllocProbe;
+
+/// A process's allocator: the file to probe and where its functions are in it.
+#[derive(Debug)]
+pub struct Allocator {
+    pub binary: Arc<Binary>,
+    /// (probe, file offset), one per distinct offset (glibc's `aligned_alloc` is `memalign`).
+    pub functions: Vec<(AllocProbe, u64)>,
+}
+
+/// The functions probed, by symbol. C++'s `new` and `delete` count where the allocator defines
+/// them (tcmalloc, jemalloc); libstdc++'s call `malloc` and `free`, which are probed.
+const FUNCTIONS: &[(&str, AllocProbe)] = &[
+    ("malloc", AllocProbe::Allocates(allocator_call::MALLOC)),
+    ("calloc", AllocProbe::Allocates(allocator_call::CALLOC)),
+    ("realloc", AllocProbe::Allocates(allocator_call::REALLOC)),
+    ("memalign", AllocProbe::Allocates(allocator_call::MEMALIGN)),
+    ("aligned_alloc", AllocProbe::Allocates(allocator_call::MEMALIGN)),
+    ("posix_memalign", AllocProbe::Allocates(allocator_call::POSIX_MEMALIGN)),
+    ("valloc", AllocProbe::Allocates(allocator_call::MALLOC)),
+    ("_Znwm", AllocProbe::Allocates(allocator_call::MALLOC)),
+    ("_Znam", AllocProbe::Allocates(allocator_call::MALLOC)),
+    ("_ZnwmSt11align_val_t", AllocProbe::Allocates(allocator_call::MALLOC)),
+    ("_ZnamSt11align_val_t", AllocProbe::Allocates(allocator_call::MALLOC)),
+    ("free", AllocProbe::Frees),
+    ("cfree", AllocProbe::Frees),
+    ("_ZdlPv", AllocProbe::Frees),
+    ("_ZdaPv", AllocProbe::Frees),
+    ("_ZdlPvm", AllocProbe::Frees),
+    ("_ZdaPvm", AllocProbe::Frees),
+    ("_ZdlPvSt11align_val_t", AllocProbe::Frees),
+    ("_ZdaPvSt11align_val_t", AllocProbe::Frees),
+];
+
+/// The allocator among `binaries` (a process's mapped files, its executable first). The
+/// dynamic linker binds `malloc` to the executable's own, then to a preloaded library's, then
+/// to libc's: the same order here, with libc last whatever its place.
+pub fn find(binaries: &[Arc<Binary>]) -> Option<Allocator> {
+    let is_libc = |b: &Binary| b.name().starts_with("libc.so") || b.name().starts_with("libc-");
+    let ordered = binaries.iter().filter(|b| !is_libc(b)).chain(binaries.iter().filter(|b| is_libc(b)));
+    for binary in ordered {
+        let Ok(file) = binary.file.try_clone() else { continue };
+        let Ok(functions) = read_with(binary.served, move || functions_in(&file)) else { continue };
+        if functions.iter().any(|(probe, _)| *probe == AllocProbe::Allocates(allocator_call::MALLOC)) {
+            return Some(Allocator { binary: binary.clone(), functions });
+        }
+    }
+    None
+}
+
+/// The probed functions that `file` defines, by file offset, each offset once. Only bounded
+/// reads of the file: its symbol tables and headers, offsets checked by `object`.
+pub fn functions_in(file: &File) -> Vec<(AllocProbe, u64)> {
+    let cache = object::read::ReadCache::new(file);
+    let Ok(elf) = object::File::parse(&cache) else { return Vec::new() };
+    let segments: Vec<(u64, u64, u64)> = elf.segments().map(|s| (s.address(), s.size(), s.file_range().0)).collect();
+    let file_offset = |address: u64| {
+        let &(start, _, offset) = segments.iter().find(|&&(start, size, _)| address >= start && address - start < size)?;
+        offset.checked_add(address - start)
+    };
+    let mut found: Vec<(AllocProbe, u64)> = Vec::new();
+    for symbol in elf.dynamic_symbols().chain(elf.symbols()) {
+        if symbol.kind() != SymbolKind::Text || symbol.is_undefined() || symbol.address() == 0 {
+            continue;
+        }
+        let Ok(name) = symbol.name() else { continue };
+        let Some(&(_, probe)) = FUNCTIONS.iter().find(|(n, _)| *n == name) else { continue };
+        let Some(offset) = file_offset(symbol.address()) else { continue };
+        if !found.iter().any(|&(_, o)| o == offset) {
+            found.push((probe, offset));
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The libc this agent runs with: the one every test process maps.
+    fn own_libc() -> String {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines().filter_map(|l| l.split_whitespace().nth(5)).find(|p| p.contains("/libc.so")).expect("libc mapped").to_string()
+    }
+
+    #[test]
+    fn glibc_defines_each_allocation_function_once_by_offset() {
+        let functions = functions_in(&File::open(own_libc()).unwrap());
+        let count = |probe| functions.iter().filter(|(p, _)| *p == probe).count();
+        assert_eq!(count(AllocProbe::Allocates(allocator_call::MALLOC)), 2, "malloc and valloc: {functions:?}");
+        assert_eq!(count(AllocProbe::Allocates(allocator_call::CALLOC)), 1);
+        assert_eq!(count(AllocProbe::Allocates(allocator_call::REALLOC)), 1);
+        assert_eq!(count(AllocProbe::Allocates(allocator_call::POSIX_MEMALIGN)), 1);
+        // glibc's aligned_alloc is memalign under another name: one probe.
+        assert_eq!(count(AllocProbe::Allocates(allocator_call::MEMALIGN)), 1);
+        assert!(count(AllocProbe::Frees) >= 1);
+        let mut offsets: Vec<u64> = functions.iter().map(|(_, o)| *o).collect();
+        offsets.dedup();
+        assert_eq!(offsets.len(), functions.len());
+    }
+
+    #[test]
+    fn libc_is_the_allocator_only_when_nothing_else_defines_malloc() {
+        let libc = Arc::new(Binary::open(&own_libc()));
+        let found = find(&[libc.clone()]).expect("libc allocates");
+        assert!(Arc::ptr_eq(&found.binary, &libc));
+        // The agent's own executable defines no malloc: libc stays the allocator.
+        let agent = Arc::new(Binary::open(std::env::current_exe().unwrap().to_str().unwrap()));
+        let found = find(&[agent, libc.clone()]).expect("libc allocates");
+        assert!(Arc::ptr_eq(&found.binary, &libc));
+    }
+}
