@@ -2,8 +2,9 @@
 //! functions, 70% of the bytes from one, freeing each block at once, after leaking 64 MiB
 //! from a third. Its heap profile splits the allocated bytes as the process did, holds the
 //! leak in memory in use (labelled as a suspected leak once older than the leak age), and
-//! nothing of the freed blocks. Needs root.
-use std::time::Duration;
+//! nothing of the freed blocks; its counts agree with heaptrack's on the same fixture. Needs
+//! root.
+use std::{collections::HashMap, path::Path, process::Command, time::Duration};
 
 use ember_tests::{require_root, Agent, Decoded, Fixture, FixtureRun, Sample, TempDir};
 
@@ -14,6 +15,7 @@ const LEAK_MIB: u64 = 64;
 const SAMPLE_MEAN: &str = "64KiB";
 
 /// Heap sample values: alloc_objects, alloc_space, inuse_objects, inuse_space.
+const ALLOC_OBJECTS: usize = 0;
 const ALLOC_SPACE: usize = 1;
 const INUSE_SPACE: usize = 3;
 
@@ -79,6 +81,42 @@ fn allocations_split_by_caller_and_the_leak_is_what_stays_in_use() {
     assert!(labelled.iter().all(|s| s.has_function("fixture::leak")), "leak=suspected on another site");
     let labelled_space = Decoded::sum(&labelled, INUSE_SPACE) as f64;
     assert!(labelled_space >= 0.99 * leak_in_use, "{:.1} of the leak's {:.1} MiB in use is labelled", labelled_space / 1048576.0, leak_in_use / 1048576.0);
+
+    // heaptrack, on the same fixture: the same sites in the same order by calls, the same
+    // calls within 5% (Ember's are estimates from some 10,000 samples), and the same leak.
+    let (calls, leaked_by) = heaptrack_sites(&TempDir::new("alloc-heaptrack"), &["alloc", "1", &LEAK_MIB.to_string()], &["alloc_most", "alloc_rest", "leak"]);
+    let ember_calls: Vec<f64> = [&most, &rest, &leak].iter().map(|s| space(s, ALLOC_OBJECTS)).collect();
+    println!("calls: heaptrack {calls:?}, Ember {ember_calls:?}; leaked: heaptrack {leaked_by:?}");
+    for (i, site) in ["alloc_most", "alloc_rest", "leak"].iter().enumerate() {
+        assert!((ember_calls[i] / calls[i] - 1.0).abs() <= 0.05, "{site}: Ember estimates {:.0} calls, heaptrack counted {:.0}", ember_calls[i], calls[i]);
+    }
+    assert!((leak_in_use / leaked_by[2] - 1.0).abs() <= 0.05, "the leak: Ember {:.1} MiB in use, heaptrack {:.1} leaked", leak_in_use / 1048576.0, leaked_by[2] / 1048576.0);
+    assert!(leaked_by[0] + leaked_by[1] == 0.0, "heaptrack saw the freed sites leak");
+}
+
+/// Runs the fixture (`args`) under heaptrack and returns, per function of `sites`, the calls
+/// to allocation functions under it and the bytes it leaked, from heaptrack_print's
+/// flame-graph files (root first, "frame;...;frame; count" a line).
+fn heaptrack_sites(dir: &TempDir, args: &[&str], sites: &[&str]) -> (Vec<f64>, Vec<f64>) {
+    let data = dir.path("heaptrack");
+    let ran = Command::new("heaptrack").arg("-o").arg(&data).arg(FIXTURE).args(args).output().expect("running heaptrack (cargo xtask setup installs it)");
+    assert!(ran.status.success(), "heaptrack: {}", String::from_utf8_lossy(&ran.stderr));
+    let by_site = |cost: &str| -> Vec<f64> {
+        let stacks = dir.path(&format!("{cost}.txt"));
+        let printed = Command::new("heaptrack_print").arg("-f").arg(data.with_extension("zst")).args(["-p", "0", "-a", "0", "-T", "0", "--flamegraph-cost-type", cost, "-F"]).arg(&stacks).output().expect("heaptrack_print");
+        assert!(printed.status.success(), "heaptrack_print: {}", String::from_utf8_lossy(&printed.stderr));
+        let mut sums: HashMap<&str, f64> = HashMap::new();
+        for line in std::fs::read_to_string(Path::new(&stacks)).expect("heaptrack's stacks").lines() {
+            let Some((frames, count)) = line.rsplit_once(' ') else { continue };
+            for site in sites {
+                if frames.split(';').any(|f| f.starts_with(&format!("fixture::{site}"))) {
+                    *sums.entry(site).or_default() += count.parse::<f64>().expect("a count");
+                }
+            }
+        }
+        sites.iter().map(|site| sums.get(site).copied().unwrap_or(0.0)).collect()
+    };
+    (by_site("allocations"), by_site("leaked"))
 }
 
 /// calloc, realloc (from NULL, then grown: the block it replaces is given back),
