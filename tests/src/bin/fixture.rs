@@ -116,10 +116,10 @@ fn alloc_rest(size: usize) -> *mut u8 {
     block
 }
 
-/// Allocates `mib` MiB in blocks of `block` bytes and never frees them.
+/// Allocates `blocks` blocks of `block` bytes and never frees them.
 #[inline(never)]
-fn leak(mib: usize, block: usize) -> Vec<*mut u8> {
-    (0..(mib << 20) / block).map(|_| unsafe { libc::malloc(block) }.cast::<u8>()).inspect(|b| assert!(!b.is_null())).collect()
+fn leak(blocks: usize, block: usize) -> Vec<*mut u8> {
+    (0..blocks).map(|_| unsafe { libc::malloc(block) }.cast::<u8>()).inspect(|b| assert!(!b.is_null())).collect()
 }
 
 /// Each allocation call that is not `malloc`, 16 blocks of 256 KiB each, kept (4 MiB a
@@ -405,7 +405,7 @@ fn main() {
             // means, so that nearly each is sampled and its estimate is tight.
             const BLOCK: usize = 16 << 10;
             let leak_mib: usize = rest.first().map_or(64, |m| m.parse().expect("alloc leak MiB"));
-            let leaked = leak(leak_mib, 256 << 10);
+            let leaked = leak((leak_mib << 20) / (256 << 10), 256 << 10);
             // 700 MiB through the two sites, in runs of 10 blocks, 7 to alloc_most: freed
             // at once, as most allocations are.
             let (mut most, mut rest_bytes) = (0usize, 0usize);
@@ -424,6 +424,27 @@ fn main() {
             println!("{most} {rest_bytes} {}", leak_mib << 20);
             std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
             black_box(leaked);
+        }
+        "alloc-loop" => {
+            // malloc and free of `size` bytes, as fast as they go: what a probe adds a pair.
+            let size: usize = rest.first().map_or(64, |s| s.parse().expect("alloc-loop size"));
+            let mut pairs = 0u64;
+            while Instant::now() < deadline {
+                for _ in 0..256 {
+                    unsafe { libc::free(black_box(libc::malloc(size))) };
+                }
+                pairs += 256;
+            }
+            println!("{pairs}");
+        }
+        "alloc-hold" => {
+            // `count` blocks of `size` bytes, held to the end.
+            let count: usize = rest.first().map_or(100_000, |c| c.parse().expect("alloc-hold count"));
+            let size: usize = rest.get(1).map_or(32 << 10, |s| s.parse().expect("alloc-hold size"));
+            let held = leak(count, size);
+            println!("{}", held.len());
+            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+            black_box(held);
         }
         "alloc-calls" => {
             let kept = [via_calloc(), via_realloc(), via_posix_memalign(), via_aligned_alloc()];

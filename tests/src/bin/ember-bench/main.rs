@@ -2,6 +2,7 @@
 //! the release build: Ember and its peers on the same workload, in one command, measured the same way from
 //! /proc: CPU over a steady-state window, peak RSS, and (with kernel.bpf_stats_enabled) the run
 //! time of each profiler's BPF programs and the memory of its maps.
+mod alloc;
 mod churn;
 mod faults;
 mod churn_cost;
@@ -31,7 +32,7 @@ use ember_tests::usage::{bpf_usage, cpu_ns, status_kib, BpfStats, BpfUsage};
 #[command(name = "cargo xtask bench")]
 struct BenchArgs {
     /// Which benchmark.
-    #[arg(value_parser = ["oncpu", "offcpu", "governor", "net", "transport", "unwind", "jit", "python", "churn", "soak", "ui", "mappings", "faults"])]
+    #[arg(value_parser = ["oncpu", "offcpu", "governor", "net", "transport", "unwind", "jit", "python", "churn", "soak", "ui", "mappings", "faults", "alloc"])]
     which: String,
     /// Length of the measured window per run (soak: 600 for the ten minutes its goal is about).
     #[arg(long, default_value_t = 20)]
@@ -77,6 +78,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         "python" => python::run(args.seconds, &args.frequencies),
         "churn" => churn::run(args.seconds),
         "faults" => faults::run(args.seconds),
+        "alloc" => alloc::run(args.seconds),
         "soak" => soak::run(args.seconds),
         "ui" => ui::run(),
         "mappings" => mappings::run(args.seconds),
