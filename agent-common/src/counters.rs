@@ -48,8 +48,10 @@ pub mod counter {
     pub const FAULT_SAMPLES: u32 = PYTHON_STOPS + crate::python_stop::COUNT;
     /// Allocator calls the `alloc` group's probes saw (each a trap in the process).
     pub const ALLOC_CALLS: u32 = FAULT_SAMPLES + 1;
+    /// Calls of `free` and its kin the probes saw (each a trap too), `free(NULL)` aside.
+    pub const FREE_CALLS: u32 = ALLOC_CALLS + 1;
     /// Allocations sampled (one per mean sampling interval of bytes).
-    pub const ALLOC_SAMPLES: u32 = ALLOC_CALLS + 1;
+    pub const ALLOC_SAMPLES: u32 = FREE_CALLS + 1;
     /// Sampled allocations not tracked until freed: the live table was full. They are in
     /// the allocated totals, not in memory in use.
     pub const ALLOC_UNTRACKED: u32 = ALLOC_SAMPLES + 1;
@@ -95,6 +97,7 @@ pub mod counter {
         (PYTHON_STOPS + 3, "python_stop_depth"),
         (FAULT_SAMPLES, "fault_samples"),
         (ALLOC_CALLS, "alloc_calls"),
+        (FREE_CALLS, "free_calls"),
         (ALLOC_SAMPLES, "alloc_samples"),
         (ALLOC_UNTRACKED, "alloc_untracked"),
         (RUN_NS + 0, "bpf_run_ns_on_cpu"),

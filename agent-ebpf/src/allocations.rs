@@ -123,7 +123,9 @@ pub fn allocation_returned(ctx: RetProbeContext) -> u32 {
 #[uprobe]
 pub fn free_called(ctx: ProbeContext) -> u32 {
     let address = ctx.arg::<u64>(0).unwrap_or(0);
+    // `free(NULL)` is not counted: the agent measures what a trap costs with such calls.
     if address != 0 {
+        bump(&active_set(), counter::FREE_CALLS);
         let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
         let _ = LIVE_ALLOCATIONS.remove(&LiveKey { tgid, _pad: 0, address });
     }

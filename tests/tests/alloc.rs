@@ -141,3 +141,37 @@ fn every_allocation_call_is_tracked_until_its_block_is_given_back() {
     assert_eq!(Decoded::sum(&freed, ALLOC_SPACE), 16 * (256 << 10), "freed_by_realloc's alloc_space");
     assert_eq!(Decoded::sum(&freed, INUSE_SPACE), 0, "blocks given back by realloc(p, 0) are not in use");
 }
+
+/// Under a CPU budget, probes whose traps take it come out: a process that does nothing but
+/// malloc and free (some 100,000 calls a second under the probes, microseconds of traps each)
+/// is freed of them within a few intervals, and the profiles say so and what they cost.
+#[test]
+fn allocator_probes_come_out_when_their_traps_take_the_cpu_budget() {
+    require_root();
+    let dir = TempDir::new("alloc-budget");
+    let out = dir.path("profiles");
+    let mut fixture = Fixture::spawn_with(Command::new(FIXTURE), "alloc-loop", 12.0, &[]);
+    let pid = fixture.pid().to_string();
+    let args = ["run", "--events", "alloc", "--pid", &pid, "--cpu-budget", "1%", "--interval", "1s", "--output-dir", out.to_str().unwrap()];
+    let mut agent = Agent::spawn(&args);
+    agent.wait_ready();
+    fixture.start();
+    let run = fixture.finish();
+    agent.signal(libc::SIGINT);
+    let stderr = agent.wait_success(Duration::from_secs(30));
+    let mut profiles = Decoded::read_kind(&out, "heap");
+    profiles.sort_by_key(|p| p.profile.time_nanos);
+    let field = |p: &Decoded, key: &str| p.comment_field(key).unwrap_or("-").to_string();
+    for p in &profiles {
+        println!("probes {} agent {} bpf {} paused {:?} calls {}", field(p, "ember.overhead.probes"), field(p, "ember.overhead.agent"), field(p, "ember.overhead.bpf"), field(p, "ember.paused"), p.counter("alloc_calls"));
+    }
+    println!("{} pairs in 12 s", run.lines[0][0]);
+    let paused = |p: &Decoded| p.comment_field("ember.paused").is_some_and(|v| v.split(',').any(|what| what == "alloc_probes"));
+    let first = profiles.iter().position(paused).unwrap_or_else(|| panic!("the probes were never taken out:\n{stderr}"));
+    assert!(first <= 4, "the probes came out only in interval {first}");
+    let before: f64 = profiles[first].comment_field("ember.overhead.probes").and_then(|v| v.parse().ok()).expect("the interval's probe cost");
+    assert!(before > 0.01, "the interval that took the probes out says they cost {before}");
+    assert!(profiles[first..].iter().all(paused), "the probes came back");
+    assert!(profiles[first + 1..].iter().all(|p| p.counter("alloc_calls") == 0), "calls were seen after the probes came out");
+    assert!(stderr.contains("allocator probes taken out for the CPU budget"), "no warning said so:\n{stderr}");
+}

@@ -205,8 +205,8 @@ pub fn build(interval: &ResolvedInterval, symbols: &Symbolizer, info: &ProfileIn
     )];
     if let Some(overhead) = interval.overhead {
         comments.push(format!(
-            "ember.cpu_budget={:.4} ember.overhead.agent={:.4} ember.overhead.bpf={:.4} ember.paused={} ember.unseen.context_switches={} ember.unseen.processes_started={}",
-            overhead.budget, overhead.agent, overhead.bpf, rates.paused.names(), overhead.unseen.switches, overhead.unseen.processes
+            "ember.cpu_budget={:.4} ember.overhead.agent={:.4} ember.overhead.bpf={:.4} ember.overhead.probes={:.4} ember.paused={} ember.unseen.context_switches={} ember.unseen.processes_started={}",
+            overhead.budget, overhead.agent, overhead.bpf, overhead.probes, rates.paused.names(), overhead.unseen.switches, overhead.unseen.processes
         ));
     }
     comments.extend(kind.comment().map(str::to_string));

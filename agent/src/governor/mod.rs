@@ -109,8 +109,14 @@ impl Governor {
             skipped_ns: slot(source, run::SKIPPED_NS),
             skipped: slot(source, run::SKIPPED_RUNS),
         });
-        let (overhead, rates) = self.observe(runs, sampler.program_cost());
+        // Each allocation call traps twice (entry and return), each free once.
+        let traps = 2 * interval.counter(counter::ALLOC_CALLS) + interval.counter(counter::FREE_CALLS);
+        let probes_ns = sampler.alloc_trap_ns().map_or(0.0, |trap_ns| trap_ns * traps as f64);
+        let (overhead, rates) = self.observe(runs, sampler.program_cost(), probes_ns);
         interval.overhead = Some(overhead);
+        if self.pauses.paused.alloc_probes && sampler.probes_allocators() {
+            sampler.unprobe_allocators()?;
+        }
         if let Some(rates) = rates {
             tracing::info!(
                 cost = format!("{:.2}%", overhead.total() * 100.0), frequency = rates.frequency,
@@ -125,7 +131,7 @@ impl Governor {
     /// Measures the interval that just ended from what the programs measured of themselves
     /// and, if it is on, the kernel's accounting so far. Returns the interval's overhead and
     /// the rates for the next interval, if they change.
-    fn observe(&mut self, runs: [SourceRuns; 3], kernel: Option<ProgramCost>) -> (Overhead, Option<SamplingRates>) {
+    fn observe(&mut self, runs: [SourceRuns; 3], kernel: Option<ProgramCost>, probes_ns: f64) -> (Overhead, Option<SamplingRates>) {
         let now = (Instant::now(), process_cpu_ns());
         let wall = now.0.duration_since(self.last.0).as_nanos().max(1) as f64;
         let (miss_ns, other_ns) = self.miss(&runs, kernel);
@@ -134,10 +140,12 @@ impl Governor {
         let unrecorded = runs.map(|r| (r.skipped_ns as f64 + r.skipped as f64 * miss_ns) / wall);
         let skipped = unrecorded.iter().sum::<f64>() + other_ns / wall;
         let (activity, unseen) = self.pauses.observe_host();
-        let overhead = Overhead { budget: self.budget, agent, bpf: costs.iter().sum::<f64>() + skipped, unseen };
+        let probes = probes_ns / wall;
+        let overhead = Overhead { budget: self.budget, agent, bpf: costs.iter().sum::<f64>() + skipped, probes, unseen };
         self.last = now;
         metrics::set("ember_overhead_ratio", &[("part", "agent")], overhead.agent);
         metrics::set("ember_overhead_ratio", &[("part", "bpf")], overhead.bpf);
+        metrics::set("ember_overhead_ratio", &[("part", "probes")], overhead.probes);
         metrics::add("ember_unseen_total", &[("what", "context_switches")], unseen.switches as f64);
         metrics::add("ember_unseen_total", &[("what", "processes_started")], unseen.processes as f64);
 
@@ -151,6 +159,7 @@ impl Governor {
             switch_run_ns: if off_cpu.skipped > 0 { off_cpu.skipped_ns as f64 / off_cpu.skipped as f64 } else { 0.0 } + miss_ns,
             switch_runs_per_s: (off_cpu.skipped + off_cpu.recorded) as f64 * 1e9 / wall,
             rest: skipped - unrecorded[run::OFF_CPU as usize] + if warm_up { 0.0 } else { agent },
+            probes,
             warm_up,
         };
         let paused = self.pauses.decide(&measured, activity, self.budget);
@@ -158,7 +167,7 @@ impl Governor {
             // It comes back at the lowest rate, and rises as there is room.
             self.levels[run::OFF_CPU as usize] = 1.0 / MAX_CUT;
         }
-        for (what, on) in [("off_cpu", paused.off_cpu), ("exec_capture", paused.exec_capture)] {
+        for (what, on) in [("off_cpu", paused.off_cpu), ("exec_capture", paused.exec_capture), ("alloc_probes", paused.alloc_probes)] {
             metrics::set("ember_paused", &[("what", what)], f64::from(u8::from(on)));
         }
         if warm_up {

@@ -1,9 +1,12 @@
-//! When no rate is low enough. Two costs no sampling rate lowers: the off-CPU program runs at
-//! every context switch, recording or not, and every new process is captured at its exec.
-//! While either alone would take the budget, it is paused (off-CPU first: its program is
+//! When no rate is low enough. Three costs no sampling rate lowers: the off-CPU program runs at
+//! every context switch, recording or not, every new process is captured at its exec, and
+//! the allocator probes trap at every call of the processes they watch. While either of the
+//! first two alone would take the budget, it is paused (off-CPU first: its program is
 //! detached; then exec captures: new processes are captured at their first sample, which the
 //! on-CPU rate bounds), and it comes back once the host's activity says it fits. What a pause
-//! did not see is counted.
+//! did not see is counted. The allocator probes, once they take the budget, come out for
+//! good: their cost is the probed processes' own rate of calls, which the agent cannot
+//! foresee.
 use super::host_activity::{Activity, HostCounters};
 use super::{Recent, CUT, LOW, TARGET};
 use crate::kernel::{Paused, Unseen};
@@ -21,6 +24,8 @@ pub(super) struct Measured {
     /// programs' runs that recorded nothing. During the warm-up, without the agent, whose
     /// first reading of every process says nothing of what follows.
     pub(super) rest: f64,
+    /// The allocator probes' traps.
+    pub(super) probes: f64,
     pub(super) warm_up: bool,
 }
 
@@ -69,6 +74,9 @@ impl Pauses {
         let rest = if m.warm_up { m.rest } else { self.rest.median() };
         let over = m.total > CUT * budget;
         let mut next = self.paused;
+        if m.probes > 0.0 && !self.paused.alloc_probes && over && m.probes + rest > TARGET * budget {
+            next.alloc_probes = true;
+        }
         if self.off_cpu && !self.paused.off_cpu {
             let floor = m.switch_runs_per_s * m.switch_run_ns / 1e9;
             if over && floor + rest > TARGET * budget {
@@ -105,6 +113,12 @@ impl Pauses {
                 "off-CPU tracking paused: its program runs at every context switch and, even at the lowest rate, costs more than the CPU budget leaves it; switches from here on are counted as unseen"
             );
         }
+        if next.alloc_probes && !self.paused.alloc_probes {
+            tracing::warn!(
+                cost, budget, probes = percent(m.probes),
+                "allocator probes taken out for the CPU budget: their traps cost the probed processes more than the budget leaves; allocations from here on are not seen"
+            );
+        }
         if next.exec_capture && !self.paused.exec_capture {
             tracing::warn!(
                 cost, budget, processes_per_s = activity.processes_per_s.round(),
@@ -127,7 +141,7 @@ mod tests {
     const BUDGET: f64 = 0.01;
 
     fn measured(total: f64, switch_runs_per_s: f64, rest: f64) -> Measured {
-        Measured { total, agent: rest, switch_run_ns: 300.0, switch_runs_per_s, rest, warm_up: false }
+        Measured { total, agent: rest, switch_run_ns: 300.0, switch_runs_per_s, rest, probes: 0.0, warm_up: false }
     }
 
     fn activity(switches_per_s: f64, processes_per_s: f64) -> Activity {
@@ -143,7 +157,7 @@ mod tests {
         let mut p = pauses();
         // 100,000 switches a second at 300 ns: 3% at any rate.
         let paused = p.decide(&measured(0.035, 100_000.0, 0.002), activity(100_000.0, 0.0), BUDGET);
-        assert_eq!(paused, Paused { off_cpu: true, exec_capture: false });
+        assert_eq!(paused, Paused { off_cpu: true, ..Paused::default() });
         // Still busy: 0.2% without it, but it would cost 3% back.
         assert!(p.decide(&measured(0.002, 0.0, 0.002), activity(100_000.0, 0.0), BUDGET).off_cpu);
         // 1,000 switches a second: 0.03% back, room for it.
@@ -162,9 +176,9 @@ mod tests {
         let mut p = pauses();
         // The agent alone takes 2% under churn: off-CPU goes first.
         let churn = measured(0.025, 50_000.0, 0.02);
-        assert_eq!(p.decide(&churn, activity(50_000.0, 100.0), BUDGET), Paused { off_cpu: true, exec_capture: false });
+        assert_eq!(p.decide(&churn, activity(50_000.0, 100.0), BUDGET), Paused { off_cpu: true, ..Paused::default() });
         assert_eq!(p.decide(&measured(0.02, 0.0, 0.02), activity(50_000.0, 100.0), BUDGET).exec_capture, false, "two intervals measured");
-        assert_eq!(p.decide(&measured(0.02, 0.0, 0.02), activity(50_000.0, 100.0), BUDGET), Paused { off_cpu: true, exec_capture: true });
+        assert_eq!(p.decide(&measured(0.02, 0.0, 0.02), activity(50_000.0, 100.0), BUDGET), Paused { off_cpu: true, exec_capture: true, ..Paused::default() });
         // No processes start: the cost is not theirs, and pausing their capture would not help.
         let mut q = pauses();
         q.off_cpu = false;
@@ -174,11 +188,11 @@ mod tests {
     #[test]
     fn paused_sources_come_back_one_at_a_time_exec_captures_first() {
         let mut p = pauses();
-        p.paused = Paused { off_cpu: true, exec_capture: true };
+        p.paused = Paused { off_cpu: true, exec_capture: true, ..Paused::default() };
         (p.switch_run_ns, p.process_ns) = (300.0, 100_000.0);
         // Quiet: both would fit, exec captures come back first, then off-CPU.
         let quiet = measured(0.001, 0.0, 0.001);
-        assert_eq!(p.decide(&quiet, activity(100.0, 1.0), BUDGET), Paused { off_cpu: true, exec_capture: false });
+        assert_eq!(p.decide(&quiet, activity(100.0, 1.0), BUDGET), Paused { off_cpu: true, ..Paused::default() });
         assert_eq!(p.decide(&quiet, activity(100.0, 1.0), BUDGET), Paused::default());
     }
 
@@ -191,5 +205,18 @@ mod tests {
         p.decide(&calm, activity(0.0, 5.0), BUDGET);
         // One interval at 2%: the median of the last three is still calm.
         assert_eq!(p.decide(&measured(0.02, 0.0, 0.02), activity(0.0, 100.0), BUDGET), Paused::default());
+    }
+
+    #[test]
+    fn allocator_probes_come_out_for_good_when_their_traps_take_the_budget() {
+        let mut p = pauses();
+        p.off_cpu = false;
+        // 0.5% of traps beside 0.2% of the rest fits under 1%: they stay.
+        let fits = Measured { probes: 0.005, ..measured(0.007, 0.0, 0.002) };
+        assert_eq!(p.decide(&fits, activity(0.0, 0.0), BUDGET), Paused::default());
+        // 3% of traps: out, and they stay out when the cost falls with them.
+        let dear = Measured { probes: 0.03, ..measured(0.032, 0.0, 0.002) };
+        assert!(p.decide(&dear, activity(0.0, 0.0), BUDGET).alloc_probes);
+        assert!(p.decide(&measured(0.002, 0.0, 0.002), activity(0.0, 0.0), BUDGET).alloc_probes);
     }
 }

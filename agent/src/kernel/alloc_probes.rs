@@ -1,7 +1,8 @@
 //! The `alloc` group's probes: attached to one process's allocator at a time (a uprobe with a
 //! pid traps in that process only; without one it would trap in every process that maps the
-//! file), and taken out together when their time is up.
-use std::{num::NonZeroU32, path::Path};
+//! file), and taken out together when their time is up or the CPU budget says so. What a trap
+//! costs is measured here, on the agent's own code, for the budget to count the probes.
+use std::{hint::black_box, num::NonZeroU32, path::Path, time::Instant};
 
 use agent_common::names;
 use anyhow::{Context as _, Result};
@@ -46,6 +47,35 @@ impl Sampler {
         Ok(count)
     }
 
+    /// Measures what a probe's trap costs on this host (ns), once: calls of a function of the
+    /// agent's own with the free probe on it (which returns at once for a null address), less
+    /// the same calls without.
+    pub fn measure_trap_ns(&mut self) -> Result<f64> {
+        let offset = own_file_offset(trap_target as *const () as usize).context("finding the agent's own code in /proc/self/maps")?;
+        let ebpf = self.ebpf.as_mut().context("the programs are stopped")?;
+        let prog: &mut UProbe = ebpf.program_mut(names::PROG_FREE_CALLED).context("program missing")?.try_into()?;
+        let bare = ns_per_call();
+        let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: None };
+        let link = prog
+            .attach(point, "/proc/self/exe", UProbeScope::CallingProcess)
+            .map_err(|e| anyhow::anyhow!("probing the agent's own code: {e}{}", chain(&e)))?;
+        let probed = ns_per_call();
+        prog.detach(link).context("detaching the trap measurement")?;
+        let trap_ns = (probed - bare).max(0.0);
+        self.alloc_trap_ns = Some(trap_ns);
+        Ok(trap_ns)
+    }
+
+    /// Whether allocator probes are in.
+    pub fn probes_allocators(&self) -> bool {
+        !self.alloc_links.is_empty()
+    }
+
+    /// What a trap of the allocator probes costs (ns), once measured.
+    pub fn alloc_trap_ns(&self) -> Option<f64> {
+        self.alloc_trap_ns
+    }
+
     /// Takes every allocator probe out, and forgets the live allocations they tracked (their
     /// frees would go unseen from now on).
     pub fn unprobe_allocators(&mut self) -> Result<()> {
@@ -58,4 +88,35 @@ impl Sampler {
         }
         self.forget_live_allocations()
     }
+}
+
+/// Calls that measure a trap: enough for a steady figure (a trap costs microseconds on a VM),
+/// few enough to take milliseconds.
+const TRAP_CALLS: u32 = 2000;
+
+/// What the trap measurement probes: nothing the compiler may fold away.
+#[inline(never)]
+extern "C" fn trap_target(address: u64) -> u64 {
+    black_box(address)
+}
+
+/// Average ns of a call of `trap_target`.
+fn ns_per_call() -> f64 {
+    let start = Instant::now();
+    for _ in 0..TRAP_CALLS {
+        black_box(trap_target(black_box(0)));
+    }
+    start.elapsed().as_nanos() as f64 / f64::from(TRAP_CALLS)
+}
+
+/// Where an address of the agent's own code is in its executable file.
+fn own_file_offset(address: usize) -> Option<u64> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        let (start, end) = fields.next()?.split_once('-')?;
+        let (start, end) = (usize::from_str_radix(start, 16).ok()?, usize::from_str_radix(end, 16).ok()?);
+        let offset = u64::from_str_radix(fields.nth(1)?, 16).ok()?;
+        (start..end).contains(&address).then(|| offset + (address - start) as u64)
+    })
 }

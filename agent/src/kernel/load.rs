@@ -87,6 +87,8 @@ pub struct Sampler {
     pub(super) live_set: Option<LiveSet>,
     /// The allocator probes in, by program.
     pub(super) alloc_links: Vec<(&'static str, UProbeLinkId)>,
+    /// What one of their traps costs here (ns), once measured.
+    pub(super) alloc_trap_ns: Option<f64>,
 }
 
 impl Sampler {
@@ -273,6 +275,7 @@ impl Sampler {
             live,
             live_set: settings.alloc.as_ref().map(|alloc| LiveSet::new(alloc.mean_bytes, alloc.leak_age)),
             alloc_links: Vec::new(),
+            alloc_trap_ns: None,
         };
         Ok((sampler, Announcements::new(process_events)?, unwind_maps))
     }

@@ -18,6 +18,9 @@ pub struct Overhead {
     pub budget: f64,
     pub agent: f64,
     pub bpf: f64,
+    /// The allocator probes' traps, which the probed processes pay (estimated from the calls
+    /// counted and a trap's measured cost).
+    pub probes: f64,
     /// What the budget's pauses did not see.
     pub unseen: Unseen,
 }
@@ -33,7 +36,7 @@ pub struct Unseen {
 
 impl Overhead {
     pub fn total(&self) -> f64 {
-        self.agent + self.bpf
+        self.agent + self.bpf + self.probes
     }
 }
 

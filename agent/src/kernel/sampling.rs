@@ -28,12 +28,14 @@ pub struct SamplingRates {
 pub struct Paused {
     pub off_cpu: bool,
     pub exec_capture: bool,
+    /// The allocator probes were taken out for good: their traps took the budget.
+    pub alloc_probes: bool,
 }
 
 impl Paused {
     /// What is paused, as the profiles' comments and the logs name it ("" for nothing).
     pub fn names(self) -> String {
-        let names = [(self.off_cpu, "off_cpu"), (self.exec_capture, "exec_capture")];
+        let names = [(self.off_cpu, "off_cpu"), (self.exec_capture, "exec_capture"), (self.alloc_probes, "alloc_probes")];
         names.iter().filter(|(on, _)| *on).map(|(_, name)| *name).collect::<Vec<_>>().join(",")
     }
 }

@@ -28,9 +28,11 @@ pub fn report(losses: Losses) {
             | counter::FILTERED
             | counter::NET_FILTERED
             | counter::OFF_CPU_OUT_OF_RANGE
-            | counter::FAULT_SAMPLES => {
-                ("ember_events_total", Some("event"))
-            }
+            | counter::FAULT_SAMPLES
+            | counter::ALLOC_CALLS
+            | counter::FREE_CALLS
+            | counter::ALLOC_SAMPLES => ("ember_events_total", Some("event")),
+            counter::ALLOC_UNTRACKED => ("ember_lost_total", Some("reason")),
             counter::RUN_NS.. => continue, // a cost, not an event: the governor reports it
             counter::CODE_REPLACED => ("ember_code_replaced_total", None),
             counter::UNWIND_NO_PROCESS.. => ("ember_user_stacks_total", Some("walk")),
@@ -49,6 +51,12 @@ pub fn report(losses: Losses) {
     metrics::set("ember_last_interval_timestamp_seconds", &[], now.as_secs_f64());
     if lost(counter::MAP_FULL) > 0 {
         tracing::warn!(lost = lost(counter::MAP_FULL), "samples lost: counts map full (raise max_keys)");
+    }
+    if lost(counter::ALLOC_UNTRACKED) > 0 {
+        tracing::warn!(
+            lost = lost(counter::ALLOC_UNTRACKED),
+            "sampled allocations not tracked until freed: the live table is full (raise alloc_max_live); they count as allocated, not in use"
+        );
     }
     let collisions = lost(counter::USER_STACK_COLLISION) + lost(counter::KERNEL_STACK_COLLISION);
     if collisions > 0 {

@@ -96,6 +96,8 @@ impl Resolver {
         }
         resolver.load_unwind_tables();
         if let Some(alloc) = &settings.alloc {
+            let trap_ns = resolver.sampler.measure_trap_ns()?;
+            tracing::info!(trap_ns = trap_ns.round(), "a probe's trap costs this much here: each allocator call pays two, each free one");
             for &pid in &settings.pids {
                 resolver.probe_allocator(pid)?;
             }
