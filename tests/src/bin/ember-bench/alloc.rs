@@ -47,11 +47,17 @@ fn finish(mut child: Child) -> Result<u64> {
     text.lines().rev().find_map(|l| l.trim().parse().ok()).with_context(|| format!("no count in the fixture's output: {text}"))
 }
 
-/// The process's libc (bpftrace probes a path).
+/// The process's libc (bpftrace probes a path), once its loader has mapped it.
 fn libc_of(pid: u32) -> Result<String> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
-    let path = maps.lines().filter_map(|l| l.split_whitespace().nth(5)).find(|p| p.contains("/libc.so"));
-    path.map(str::to_string).context("the fixture maps no libc")
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+        if let Some(path) = maps.lines().filter_map(|l| l.split_whitespace().nth(5)).find(|p| p.contains("/libc.so")) {
+            return Ok(path.to_string());
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the fixture maps no libc after 5 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 pub fn run(seconds: u64) -> Result<()> {
