@@ -85,6 +85,29 @@ pub fn least_privilege_agent() -> Command {
 }
 
 /// Compiles a C fixture with gcc and `flags` (a test's own workload, built at run time).
+/// Makes `command` run as a container's process: in a mount namespace of its own whose root is
+/// `root` (pivot_root, so that its maps show paths inside it). The program's path is then
+/// looked up inside `root`.
+pub fn contain(command: &mut Command, root: &Path) {
+    use std::os::unix::{ffi::OsStrExt as _, process::CommandExt as _};
+    let dir = std::ffi::CString::new(root.as_os_str().as_bytes()).expect("a root path without NUL");
+    // SAFETY: only syscalls between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            let check = |result: i64| if result < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) };
+            let none = std::ptr::null::<libc::c_char>();
+            check(libc::unshare(libc::CLONE_NEWNS).into())?;
+            check(libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()).into())?;
+            check(libc::mount(dir.as_ptr(), dir.as_ptr(), none, libc::MS_BIND | libc::MS_REC, std::ptr::null()).into())?;
+            check(libc::chdir(dir.as_ptr()).into())?;
+            // pivot_root(".", "."), then detach the old root stacked under the new one.
+            check(libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()))?;
+            check(libc::umount2(c".".as_ptr(), libc::MNT_DETACH).into())?;
+            check(libc::chdir(c"/".as_ptr()).into())
+        });
+    }
+}
+
 pub fn compile_c(source: &Path, out: &Path, flags: &[&str]) {
     let output = Command::new("gcc")
         .args(flags)

@@ -6,7 +6,7 @@
 //! root.
 use std::{collections::HashMap, path::Path, process::Command, time::Duration};
 
-use ember_tests::{require_root, Agent, Decoded, Fixture, FixtureRun, Sample, TempDir};
+use ember_tests::{contain, require_root, Agent, Decoded, Fixture, FixtureRun, Sample, TempDir};
 
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
 const LEAK_MIB: u64 = 64;
@@ -19,14 +19,13 @@ const ALLOC_OBJECTS: usize = 0;
 const ALLOC_SPACE: usize = 1;
 const INUSE_SPACE: usize = 3;
 
-/// Records the fixture in `mode` with the alloc group (`sample_mean`, leak age 2 s) for 8 s.
-/// The fixture outlives the recording: what it holds is still its own when the agent takes
-/// its last look at the live table. Returns the profile, the fixture's pid, what it printed,
-/// and the agent's log.
-fn record_heap(name: &str, mode: &str, args: &[&str], sample_mean: &str) -> (Decoded, u32, FixtureRun, String) {
-    let dir = TempDir::new(name);
+/// Records the fixture (`command`) in `mode` with the alloc group (`sample_mean`, leak age
+/// 2 s) for 8 s. The fixture outlives the recording: what it holds is still its own when the
+/// agent takes its last look at the live table. Returns the profile, the fixture's pid, what
+/// it printed, and the agent's log.
+fn record_heap(dir: &TempDir, command: Command, mode: &str, args: &[&str], sample_mean: &str) -> (Decoded, u32, FixtureRun, String) {
     let out = dir.path("heap.pb.gz");
-    let mut fixture = Fixture::spawn_with(std::process::Command::new(FIXTURE), mode, 14.0, args);
+    let mut fixture = Fixture::spawn_with(command, mode, 14.0, args);
     let pid = fixture.pid();
     let pid_arg = pid.to_string();
     let agent_args = ["record", "-d", "8s", "-o", out.to_str().unwrap(), "--events", "alloc", "--pid", &pid_arg, "--alloc-sample", sample_mean, "--leak-age", "2s"];
@@ -41,7 +40,7 @@ fn record_heap(name: &str, mode: &str, args: &[&str], sample_mean: &str) -> (Dec
 #[test]
 fn allocations_split_by_caller_and_the_leak_is_what_stays_in_use() {
     require_root();
-    let (profile, pid, run, stderr) = record_heap("alloc", "alloc", &[&LEAK_MIB.to_string()], SAMPLE_MEAN);
+    let (profile, pid, run, stderr) = record_heap(&TempDir::new("alloc"), Command::new(FIXTURE), "alloc", &[&LEAK_MIB.to_string()], SAMPLE_MEAN);
     let (most_bytes, rest_bytes, leaked) = (run.lines[0][0] as f64, run.lines[0][1] as f64, run.lines[0][2] as f64);
     let samples = profile.samples_of(pid);
     assert!(!samples.is_empty(), "no heap samples of the fixture:\n{stderr}");
@@ -126,7 +125,36 @@ fn heaptrack_sites(dir: &TempDir, args: &[&str], sites: &[&str]) -> (Vec<f64>, V
 #[test]
 fn every_allocation_call_is_tracked_until_its_block_is_given_back() {
     require_root();
-    let (profile, pid, run, stderr) = record_heap("alloc-calls", "alloc-calls", &[], "16KiB");
+    let (profile, pid, run, stderr) = record_heap(&TempDir::new("alloc-calls"), Command::new(FIXTURE), "alloc-calls", &[], "16KiB");
+    check_calls(&profile, pid, &run, &stderr);
+}
+
+/// A process in a mount namespace of its own, with its own copies of the fixture and of every
+/// library it loads (a container's): its allocator is the libc it maps, not the host's, and
+/// every call is seen there.
+#[test]
+fn a_process_with_its_own_libc_in_its_own_mount_namespace_is_probed_in_that_libc() {
+    require_root();
+    let dir = TempDir::new("alloc-container");
+    let root = dir.path("root");
+    let ldd = Command::new("ldd").arg(FIXTURE).output().expect("ldd");
+    let libraries: Vec<String> = String::from_utf8_lossy(&ldd.stdout).split_whitespace().filter(|t| t.starts_with('/')).map(str::to_string).collect();
+    assert!(libraries.iter().any(|l| l.contains("/libc.so")), "ldd names no libc: {libraries:?}");
+    for (from, to) in libraries.iter().map(|l| (l.as_str(), l.trim_start_matches('/').to_string())).chain([(FIXTURE, "bin/fixture".to_string())]) {
+        let to = root.join(to);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(from, &to).unwrap_or_else(|e| panic!("copying {from}: {e}"));
+    }
+    let mut command = Command::new("/bin/fixture");
+    contain(&mut command, &root);
+    // The probes on the host's libc would see none of these calls: the counts come out exact
+    // only from the copy.
+    let (profile, pid, run, stderr) = record_heap(&dir, command, "alloc-calls", &[], "16KiB");
+    check_calls(&profile, pid, &run, &stderr);
+}
+
+/// What `alloc-calls` holds and gave back, call by call, exactly.
+fn check_calls(profile: &Decoded, pid: u32, run: &FixtureRun, stderr: &str) {
     let held = run.lines[0][0] as i64;
     let samples = profile.samples_of(pid);
     let of = |function: &str| samples.iter().copied().filter(|s| s.has_function(function)).collect::<Vec<&Sample>>();

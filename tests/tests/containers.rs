@@ -5,14 +5,14 @@
 use std::{
     ffi::CString,
     fs::File,
-    os::{fd::AsRawFd, unix::ffi::OsStrExt, unix::process::CommandExt},
+    os::fd::AsRawFd,
     path::{Path, PathBuf},
     process::{Child, Command},
     time::{Duration, Instant},
 };
 
 use ember_tests::{
-    compile_c, fetch_metrics, least_privilege_agent, spin_c, metric, require_root, transport::stop_agent, wait_for_metric, Agent, Decoded, TempDir,
+    compile_c, contain, fetch_metrics, least_privilege_agent, spin_c, metric, require_root, transport::stop_agent, wait_for_metric, Agent, Decoded, TempDir,
 };
 
 /// A host file the container must not get the agent to read: an ELF with its own build id.
@@ -27,27 +27,11 @@ fn compile(dir: &TempDir, name: &str, source: &str, build_id: &str) -> PathBuf {
     out
 }
 
-/// Runs `/bin/<name>` of `root` as a container does: in a mount namespace of its own whose
-/// root is `root` (pivot_root, so that its maps show paths inside it). Returns once it runs.
+/// Runs `/bin/<name>` of `root` as a container does (`contain`). Returns once it runs.
 fn run_contained(root: &Path, name: &str) -> Child {
-    let dir = CString::new(root.as_os_str().as_bytes()).unwrap();
     let mut command = Command::new(format!("/bin/{name}"));
     command.arg("8");
-    // SAFETY: only syscalls between fork and exec.
-    unsafe {
-        command.pre_exec(move || {
-            let check = |result: i64| if result < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) };
-            let none = std::ptr::null::<libc::c_char>();
-            check(libc::unshare(libc::CLONE_NEWNS).into())?;
-            check(libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()).into())?;
-            check(libc::mount(dir.as_ptr(), dir.as_ptr(), none, libc::MS_BIND | libc::MS_REC, std::ptr::null()).into())?;
-            check(libc::chdir(dir.as_ptr()).into())?;
-            // pivot_root(".", "."), then detach the old root stacked under the new one.
-            check(libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()))?;
-            check(libc::umount2(c".".as_ptr(), libc::MNT_DETACH).into())?;
-            check(libc::chdir(c"/".as_ptr()).into())
-        });
-    }
+    contain(&mut command, root);
     let child = command.spawn().expect("starting a contained process");
     let deadline = Instant::now() + Duration::from_secs(5);
     while !std::fs::read_to_string(format!("/proc/{}/maps", child.id())).unwrap_or_default().contains(&format!(" /bin/{name}\n")) {
