@@ -452,6 +452,19 @@ mod tests {
     }
 
     #[test]
+    fn the_alloc_group_needs_chosen_processes_and_takes_its_defaults() {
+        let mut args = SamplingArgs { events: vec!["alloc".into()], ..SamplingArgs::default() };
+        let error = kernel_settings(&args, &FileConfig::default(), 19).err().expect("alloc without --pid").to_string();
+        assert!(error.contains("--pid") && !error.contains('\n'), "{error}");
+        args.pids = vec![1];
+        let alloc = kernel_settings(&args, &FileConfig::default(), 19).unwrap().alloc.expect("the alloc group");
+        assert_eq!((alloc.mean_bytes, alloc.max_live), (512 << 10, 65_536));
+        assert_eq!((alloc.leak_age, alloc.probe_for), (Duration::from_secs(600), Some(Duration::from_secs(60))));
+        args.alloc_sample = Some("0".into());
+        assert!(kernel_settings(&args, &FileConfig::default(), 19).is_err(), "a zero mean");
+    }
+
+    #[test]
     fn sizes_take_binary_units() {
         assert_eq!(parse_bytes("512KiB").unwrap(), 512 << 10);
         assert_eq!(parse_bytes("1 MiB").unwrap(), 1 << 20);
