@@ -75,13 +75,10 @@ impl Sampler {
         Ok(())
     }
 
-    /// Forgets every live allocation.
+    /// Forgets every live allocation (read and deleted in one pass).
     pub(super) fn forget_live_allocations(&mut self) -> Result<()> {
         let Some(live) = self.live.as_ref() else { return Ok(()) };
-        let mut keys = Vec::new();
-        batch::read(live.map(), 1, false, |key: LiveKey, _: &[LiveAllocation]| keys.push(key)).context("reading live allocations")?;
-        batch::delete(live.map(), &keys).context("forgetting live allocations")?;
-        Ok(())
+        batch::read(live.map(), 1, true, |_: LiveKey, _: &[LiveAllocation]| {}).context("forgetting live allocations")
     }
 }
 
