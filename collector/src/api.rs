@@ -12,10 +12,10 @@ use axum::{
 use serde::Serialize;
 
 use crate::{
-    labels,
-    query::{self, NS},
+    query::NS,
     request::{checked_range, error, limited, range_or_default, selector, Api, Params},
     series,
+    store::Selection,
     tree::{Tree, TreeBuilder},
 };
 
@@ -25,7 +25,7 @@ pub(crate) async fn labels_handler(State(api): State<Arc<Api>>, Query(q): Query<
         Err(response) => return response,
     };
     let store = api.store.clone();
-    match limited(&api, move |deadline| labels::labels(&store, &q.kind, (from.saturating_mul(NS), to.saturating_mul(NS)), deadline)).await {
+    match limited(&api, move |deadline| store.labels(&q.kind, (from.saturating_mul(NS), to.saturating_mul(NS)), deadline)).await {
         Ok(found) => Json(found).into_response(),
         Err(response) => response,
     }
@@ -40,7 +40,7 @@ pub(crate) async fn series_handler(State(api): State<Arc<Api>>, Query(q): Query<
     let (store, step) = (api.store.clone(), series::step(to - from, q.step));
     let value = q.value.unwrap_or(ember_pprof::view(&q.kind).value);
     let group_by = Some(q.group_by.trim().to_string()).filter(|g| !g.is_empty());
-    let work = move |deadline| series::series(&store, &q.kind, &selector, (from, to), step, value, group_by.as_deref(), Some(deadline));
+    let work = move |deadline| series::series(&*store, &q.kind, &selector, (from, to), step, value, group_by.as_deref(), Some(deadline));
     match limited(&api, work).await {
         Ok(found) => Json(found).into_response(),
         Err(response) => response,
@@ -61,7 +61,8 @@ struct TreeAnswer {
     /// Profiles merged into the tree, and into its base.
     profiles: usize,
     base_profiles: usize,
-    /// Stored records decoded for both: roll-ups (each many profiles) and raw profiles.
+    /// Parts merged for both: the embedded store's records (roll-ups, each many profiles, and
+    /// raw profiles), or one merged profile per range where the data is.
     records: usize,
     #[serde(flatten)]
     tree: Tree,
@@ -93,7 +94,8 @@ pub(crate) async fn tree_handler(State(api): State<Arc<Api>>, Query(q): Query<Pa
         let mut builder = TreeBuilder::default();
         let (mut sample_types, mut records) = (Vec::new(), 0);
         let mut add = |slot: usize, selector, (from, to): (u64, u64)| {
-            query::visit_matching(&store, &kind, selector, (from.saturating_mul(NS), to.saturating_mul(NS)), Some(deadline), |_, profile| {
+            let selection = Selection { kind: &kind, selector, range: (from.saturating_mul(NS), to.saturating_mul(NS)) };
+            store.visit_merged(&selection, Some(deadline), &mut |profile| {
                 records += 1;
                 if sample_types.is_empty() {
                     let text = |i: i64| ember_pprof::string(&profile.string_table, i).to_string();

@@ -17,15 +17,17 @@ use crate::{
     http::router,
     request::QueryLimits,
     service::{check, CollectorService},
-    store::{Checked, Store},
+    embedded::EmbeddedStore,
+    embedded_store::Embedded,
+    store::{Checked, ProfileStore},
 };
 
 /// A store in a fresh directory under the system's temporary directory.
-fn scratch_store(name: &str) -> Arc<Store> {
+fn scratch_store(name: &str) -> Arc<Embedded> {
     let dir = std::env::temp_dir().join(format!("ember-fuzz-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("creating the fuzz store's directory");
-    Arc::new(Store::open(&dir).expect("opening the fuzz store"))
+    Arc::new(Embedded::new(EmbeddedStore::open(&dir).expect("opening the fuzz store")))
 }
 
 static RUNTIME: LazyLock<tokio::runtime::Runtime> =

@@ -20,11 +20,11 @@ use crate::{
     api,
     query::{self, NS},
     request::{checked_range, error, limited, range_or_default, selector, Api, Params, QueryLimits},
-    store::Store,
+    store::{ProfileStore, Selection},
     ui,
 };
 
-pub fn router(store: Arc<Store>, limits: QueryLimits, token: Option<String>) -> Router {
+pub fn router(store: Arc<dyn ProfileStore>, limits: QueryLimits, token: Option<String>) -> Router {
     let api = Arc::new(Api::new(store, limits));
     let queries = Router::new()
         .route("/query", get(query_handler))
@@ -51,7 +51,8 @@ pub(crate) async fn merged(api: &Api, kind: &str, selector_text: &str, from: u64
     let (from, to) = checked_range(api, from, to)?;
     let (store, owned_kind) = (api.store.clone(), kind.to_string());
     let (from, to) = (from.saturating_mul(NS), to.saturating_mul(NS));
-    match limited(api, move |deadline| query::merged(&store, &owned_kind, &selector, from, to, Some(deadline))).await? {
+    let work = move |deadline| query::merged(&*store, &Selection { kind: &owned_kind, selector: &selector, range: (from, to) }, Some(deadline));
+    match limited(api, work).await? {
         Some((profile, _)) => Ok(profile),
         None => Err(error(StatusCode::NOT_FOUND, format!("no {kind} profiles match in that time range"))),
     }
@@ -119,7 +120,7 @@ fn diff_lines(base: &[String], new: &[String]) -> Vec<String> {
 pub async fn serve(
     listener: tokio::net::TcpListener,
     tls: Option<(Vec<u8>, Vec<u8>)>,
-    store: Arc<Store>,
+    store: Arc<dyn ProfileStore>,
     limits: QueryLimits,
     token: Option<String>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,

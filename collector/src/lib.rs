@@ -8,6 +8,8 @@
 mod allocations;
 mod api;
 mod buckets;
+mod embedded;
+mod embedded_store;
 mod http;
 mod https;
 mod labels;

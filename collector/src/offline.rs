@@ -4,13 +4,14 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 
-use crate::{query, store};
+use crate::{embedded::EmbeddedStore, embedded_store::Embedded, query, store::Selection};
 
 pub fn run_query(data_dir: PathBuf, kind: String, selector: String, from: Option<u64>, to: Option<u64>, format: String, output: PathBuf) -> Result<()> {
-    let store = store::Store::open(&data_dir)?;
+    let store = Embedded::new(EmbeddedStore::open(&data_dir)?);
     let selector = query::parse_selector(&selector)?;
     let nanos = |s: u64| s.saturating_mul(1_000_000_000);
-    let (profile, count) = query::merged(&store, &kind, &selector, nanos(from.unwrap_or(0)), nanos(to.unwrap_or_else(query::now_seconds)), None)?
+    let range = (nanos(from.unwrap_or(0)), nanos(to.unwrap_or_else(query::now_seconds)));
+    let (profile, count) = query::merged(&store, &Selection { kind: &kind, selector: &selector, range }, None)?
         .with_context(|| format!("no {kind} profiles match in that time range"))?;
     let bytes = query::render(&profile, &kind, &format)?;
     std::fs::write(&output, bytes).with_context(|| format!("writing {}", output.display()))?;
@@ -20,7 +21,7 @@ pub fn run_query(data_dir: PathBuf, kind: String, selector: String, from: Option
 
 /// Prints each stored profile, then (on stderr) what the roll-ups beside them take.
 pub fn list(data_dir: PathBuf) -> Result<()> {
-    let store = store::Store::open(&data_dir)?;
+    let store = EmbeddedStore::open(&data_dir)?;
     let (mut count, mut bytes) = (0, 0);
     for stored in store.range(0, u64::MAX)? {
         if let (Some(agent), Some(p)) = (stored.agent, stored.profile) {

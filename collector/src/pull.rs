@@ -13,7 +13,7 @@ use tonic::transport::Endpoint;
 
 use crate::{
     service::{check, now_ns},
-    store::{Checked, Store},
+    store::{Checked, ProfileStore},
 };
 
 const MIN_BACKOFF: Duration = Duration::from_millis(500);
@@ -36,7 +36,7 @@ impl Source {
 }
 
 /// Pulls from one agent until `stop`, reconnecting with backoff.
-pub async fn pull_forever(source: Source, store: Arc<Store>, stop: impl std::future::Future<Output = ()>) {
+pub async fn pull_forever(source: Source, store: Arc<dyn ProfileStore>, stop: impl std::future::Future<Output = ()>) {
     tokio::pin!(stop);
     let url = &source.url;
     let mut backoff = Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
@@ -63,7 +63,7 @@ pub async fn pull_forever(source: Source, store: Arc<Store>, stop: impl std::fut
 
 /// One session: connects, asks for what follows the stored watermark, and stores what comes,
 /// counting it in `stored`.
-async fn pull_once(source: &Source, store: &Arc<Store>, stored: &mut u64) -> Result<()> {
+async fn pull_once(source: &Source, store: &Arc<dyn ProfileStore>, stored: &mut u64) -> Result<()> {
     let channel = source.endpoint.connect().await.with_context(|| format!("connecting to agent {}", source.url))?;
     let mut client = AgentClient::new(channel);
     let agent = client.identity(source.bearer.request(IdentityRequest {})).await?.into_inner();

@@ -1,5 +1,6 @@
 //! Query: merges the stored profiles of one kind that match a label selector and a time
-//! range into one pprof, folded stacks, or an SVG flame graph.
+//! range into one pprof, folded stacks, or an SVG flame graph; and how the embedded store
+//! finds and decodes what matches.
 use std::{
     collections::BTreeMap,
     time::{Instant, SystemTime, UNIX_EPOCH},
@@ -8,7 +9,10 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use ember_proto::pprof::Profile;
 
-use crate::store::{Detail, Store, StoredProfile};
+use crate::{
+    embedded::{Detail, EmbeddedStore, StoredProfile},
+    store::{ProfileStore, Selection},
+};
 
 /// "service=api,pod=x": every pair must match the profile's labels (agent, host, node, static
 /// labels) or, for keys the profile does not carry, its samples' labels (pod, namespace, ...).
@@ -61,7 +65,7 @@ const CHUNK: usize = 64;
 /// gives up with an error (a query that would run on after its client was told it timed out
 /// only wastes the host).
 pub fn scan_matching<'s>(
-    store: &Store,
+    store: &EmbeddedStore,
     kind: &str,
     selector: &'s BTreeMap<String, String>,
     (from, to): (u64, u64),
@@ -94,7 +98,7 @@ pub fn decoded(stored: &StoredProfile, sample_terms: &[(&str, &str)]) -> Result<
 /// parsing) runs on a thread of its own, a few profiles ahead of `visit`, so that a large
 /// query uses two cores.
 pub fn visit_matching(
-    store: &Store,
+    store: &EmbeddedStore,
     kind: &str,
     selector: &BTreeMap<String, String>,
     range: (u64, u64),
@@ -125,11 +129,10 @@ pub fn visit_matching(
     })
 }
 
-/// Merges the matching profiles of [from, to), with how many there were; None if none
-/// match.
-pub fn merged(store: &Store, kind: &str, selector: &BTreeMap<String, String>, from: u64, to: u64, deadline: Option<Instant>) -> Result<Option<(Profile, usize)>> {
+/// Merges the selection, with how many profiles it holds; None if none match.
+pub fn merged(store: &dyn ProfileStore, selection: &Selection, deadline: Option<Instant>) -> Result<Option<(Profile, usize)>> {
     let (mut chunk, mut partials) = (Vec::new(), Vec::new());
-    let count = visit_matching(store, kind, selector, (from, to), deadline, |_, profile| {
+    let count = store.visit_merged(selection, deadline, &mut |profile| {
         chunk.push(profile);
         if chunk.len() == CHUNK {
             partials.push(ember_pprof::merge(&std::mem::take(&mut chunk))?);
@@ -138,6 +141,9 @@ pub fn merged(store: &Store, kind: &str, selector: &BTreeMap<String, String>, fr
     })?;
     if count == 0 {
         return Ok(None);
+    }
+    if partials.is_empty() && chunk.len() == 1 {
+        return Ok(chunk.pop().map(|profile| (profile, count)));
     }
     partials.push(ember_pprof::merge(&chunk)?);
     Ok(Some((ember_pprof::merge(&partials)?, count)))

@@ -14,7 +14,7 @@ use axum::{
 };
 use serde::Deserialize;
 
-use crate::{query, store::Store};
+use crate::{query, store::ProfileStore};
 
 /// What a query may cost.
 #[derive(Clone, Copy, Debug)]
@@ -31,13 +31,13 @@ pub struct QueryLimits {
 const DEFAULT_RANGE: u64 = 3600;
 
 pub(crate) struct Api {
-    pub(crate) store: Arc<Store>,
+    pub(crate) store: Arc<dyn ProfileStore>,
     limits: QueryLimits,
     running: tokio::sync::Semaphore,
 }
 
 impl Api {
-    pub(crate) fn new(store: Arc<Store>, limits: QueryLimits) -> Api {
+    pub(crate) fn new(store: Arc<dyn ProfileStore>, limits: QueryLimits) -> Api {
         Api { store, limits, running: tokio::sync::Semaphore::new(limits.concurrent) }
     }
 }

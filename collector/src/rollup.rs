@@ -13,7 +13,7 @@ use prost::Message as _;
 use crate::{
     buckets::LEVELS,
     query,
-    store::{Detail, Store, StoredProfile},
+    embedded::{Detail, EmbeddedStore, StoredProfile},
 };
 
 /// What a group shares: the agent's identity (encoded), the kind, the labels (sorted).
@@ -34,7 +34,7 @@ impl Roller {
     /// resending their spools after an outage) land before its buckets are built, not
     /// after every push of it. A profile that comes later undoes the roll-up, which is
     /// built again. A bucket that fails (logged) stays pending, and is read raw until then.
-    pub fn roll_due(&mut self, store: &Store, now: u64, delay: u64) -> Result<usize> {
+    pub fn roll_due(&mut self, store: &EmbeddedStore, now: u64, delay: u64) -> Result<usize> {
         let (mut stored, mut seen) = (0, HashMap::new());
         for level in LEVELS {
             let Some(last_due) = now.checked_sub(delay.saturating_add(level)) else { continue };
@@ -60,7 +60,7 @@ impl Roller {
 }
 
 /// The roll-ups of one bucket, one per group.
-fn build(store: &Store, level: u64, bucket: u64) -> Result<Vec<StoredProfile>> {
+fn build(store: &EmbeddedStore, level: u64, bucket: u64) -> Result<Vec<StoredProfile>> {
     // The bucket is pending, so not rolled up at its own level: this reads the levels below.
     let mut groups: BTreeMap<GroupKey, Vec<StoredProfile>> = BTreeMap::new();
     store.scan(bucket, bucket + level, Detail::RollUps, |stored| {
@@ -136,7 +136,7 @@ mod tests {
     }
 
     /// Host `host`'s profiles number `first..last` (10 s each from T0).
-    fn push(store: &Store, host: u64, numbers: std::ops::Range<u64>) {
+    fn push(store: &EmbeddedStore, host: u64, numbers: std::ops::Range<u64>) {
         let profiles: Vec<Checked> = numbers
             .map(|i| {
                 let start = (T0 + i * 10 * NS) as i64;
@@ -151,14 +151,16 @@ mod tests {
 
     /// The folded stacks (sorted) and profile count of a query over [from, to), through
     /// roll-ups where there are some (as queries read), and from the raw profiles alone.
-    fn both_ways(store: &Store, selector: &str, from: u64, to: u64) -> [(Vec<String>, usize); 2] {
+    fn both_ways(store: &EmbeddedStore, selector: &str, from: u64, to: u64) -> [(Vec<String>, usize); 2] {
         let selector = query::parse_selector(selector).unwrap();
         let folded = |profile: &pprof::Profile| {
             let mut lines = ember_pprof::folded(profile, 0, &["pod"]).unwrap();
             lines.sort();
             lines
         };
-        let (rolled, count) = query::merged(store, "cpu", &selector, from, to, None).unwrap().unwrap();
+        let mut rolled = Vec::new();
+        let count = query::visit_matching(store, "cpu", &selector, (from, to), None, |_, profile| Ok(rolled.push(profile))).unwrap();
+        let rolled = ember_pprof::merge(&rolled).unwrap();
         let mut raw = Vec::new();
         query::scan_matching(store, "cpu", &selector, (from, to), Detail::Profiles, None, |stored, terms| {
             raw.extend(query::decoded(&stored, terms)?);
@@ -169,7 +171,7 @@ mod tests {
     }
 
     /// Records (roll-ups and profiles) a query over [from, to) reads.
-    fn records(store: &Store, from: u64, to: u64) -> usize {
+    fn records(store: &EmbeddedStore, from: u64, to: u64) -> usize {
         let mut read = 0;
         store.scan(from, to, Detail::RollUps, |_| Ok(read += 1)).unwrap();
         read
@@ -177,16 +179,16 @@ mod tests {
 
     /// Two rounds of a roller: the first sees the due buckets, the second builds those that
     /// did not change; returns what the second stored.
-    fn roll_due(store: &Store, now: u64, delay: u64) -> Result<usize> {
+    fn roll_due(store: &EmbeddedStore, now: u64, delay: u64) -> Result<usize> {
         let mut roller = Roller::default();
         roller.roll_due(store, now, delay)?;
         roller.roll_due(store, now, delay)
     }
 
-    fn fresh_store(name: &str) -> (Store, std::path::PathBuf) {
+    fn fresh_store(name: &str) -> (EmbeddedStore, std::path::PathBuf) {
         let dir = std::env::temp_dir().join(format!("ember-rollup-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        (Store::open(&dir).unwrap(), dir)
+        (EmbeddedStore::open(&dir).unwrap(), dir)
     }
 
     #[test]

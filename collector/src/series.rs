@@ -11,8 +11,9 @@ use ember_proto::pprof::Profile;
 use serde::Serialize;
 
 use crate::{
+    embedded::{Detail, EmbeddedStore},
     query::{self, profile_label, NS},
-    store::{Detail, Store},
+    store::{Point, ProfileStore, Selection},
 };
 
 /// Lines a grouped series shows before the rest are summed as "other".
@@ -50,7 +51,7 @@ pub fn step(seconds: u64, wanted: Option<u64>) -> u64 {
 /// alternate between a profile's total and nothing.
 #[allow(clippy::too_many_arguments)]
 pub fn series(
-    store: &Store,
+    store: &dyn ProfileStore,
     kind: &str,
     selector: &BTreeMap<String, String>,
     (from, to): (u64, u64),
@@ -59,11 +60,22 @@ pub fn series(
     group_by: Option<&str>,
     deadline: Option<Instant>,
 ) -> Result<Series> {
-    // (start s, length s, totals by group) of each profile.
-    let mut found: Vec<(u64, u64, BTreeMap<String, i64>)> = Vec::new();
+    let selection = Selection { kind, selector, range: (from.saturating_mul(NS), to.saturating_mul(NS)) };
+    let (found, unit) = store.points(&selection, value, group_by, deadline)?;
+    let mut lengths: Vec<u64> = found.iter().map(|f| f.1).collect();
+    lengths.sort_unstable();
+    let step = step.max(lengths.get(lengths.len() / 2).copied().unwrap_or(1));
+    let points = (to - from).div_ceil(step) as usize;
+    let lines = lines(&found, from, step, points);
+    Ok(Series { from, step, unit, profiles: found.len(), lines })
+}
+
+/// The embedded store's points: each matching profile's totals, from those stored at ingest
+/// unless its samples must be told apart.
+pub fn points(store: &EmbeddedStore, selection: &Selection, value: usize, group_by: Option<&str>, deadline: Option<Instant>) -> Result<(Vec<Point>, String)> {
+    let mut found: Vec<Point> = Vec::new();
     let mut unit = String::new();
-    let range = (from.saturating_mul(NS), to.saturating_mul(NS));
-    query::scan_matching(store, kind, selector, range, Detail::Profiles, deadline, |stored, sample_terms| {
+    query::scan_matching(store, selection.kind, selection.selector, selection.range, Detail::Profiles, deadline, |stored, sample_terms| {
         // The group's key, and its value if the profile's own labels carry it.
         let group = group_by.map(|key| (key, profile_label(&stored, key)));
         // The totals stored at ingest answer unless samples must be told apart (profiles
@@ -82,12 +94,7 @@ pub fn series(
         found.push((start / NS, (profile.end_unix_nanos.max(0) as u64).saturating_sub(start) / NS, totals));
         Ok(())
     })?;
-    let mut lengths: Vec<u64> = found.iter().map(|f| f.1).collect();
-    lengths.sort_unstable();
-    let step = step.max(lengths.get(lengths.len() / 2).copied().unwrap_or(1));
-    let points = (to - from).div_ceil(step) as usize;
-    let lines = lines(&found, from, step, points);
-    Ok(Series { from, step, unit, profiles: found.len(), lines })
+    Ok((found, unit))
 }
 
 /// A profile's totals by group (key, the profile's own value of it): all of it under
@@ -116,7 +123,7 @@ fn totals(profile: &Profile, value: usize, group: Option<(&str, Option<&str>)>) 
 /// MAX_GROUPS heaviest, heaviest first, and the rest summed as "other", each with a value per
 /// step. The groups are weighed first and only the lines shown get their points: a label with
 /// a million values costs a million weights, not a million lines.
-fn lines(found: &[(u64, u64, BTreeMap<String, i64>)], from: u64, step: u64, points: usize) -> Vec<Line> {
+fn lines(found: &[Point], from: u64, step: u64, points: usize) -> Vec<Line> {
     let mut weights: HashMap<&str, i64> = HashMap::new();
     for (group, total) in found.iter().flat_map(|(_, _, totals)| totals) {
         let weight = weights.entry(group).or_default();
@@ -142,39 +149,7 @@ fn lines(found: &[(u64, u64, BTreeMap<String, i64>)], from: u64, step: u64, poin
 
 #[cfg(test)]
 mod tests {
-    use ember_proto::{
-        ember::{AgentIdentity, Profile as Pushed},
-        pprof::{Sample, ValueType},
-    };
-
     use super::*;
-    use crate::store::Checked;
-
-    #[test]
-    fn the_step_is_at_least_the_profiles_length_and_totals_come_from_ingest() {
-        let dir = std::env::temp_dir().join(format!("ember-series-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let store = Store::open(&dir).unwrap();
-        let pprof = Profile {
-            string_table: ["", "samples", "count"].map(String::from).to_vec(),
-            sample_type: vec![ValueType { r#type: 1, unit: 2 }],
-            sample: vec![Sample { value: vec![1], ..Default::default() }],
-            ..Default::default()
-        };
-        // Three 10 s profiles; the stored totals (5, 7, 9) are what the series reads.
-        let profiles: Vec<Checked> = (0..3u64)
-            .map(|i| {
-                let start = (1000 + 10 * i as i64) * NS as i64;
-                let profile = Pushed { sequence: i + 1, kind: "cpu".into(), start_unix_nanos: start, end_unix_nanos: start + 10 * NS as i64, pprof_gzip: ember_pprof::encode_gzip(&pprof), ..Default::default() };
-                Checked { profile, totals: vec![5 + 2 * i as i64] }
-            })
-            .collect();
-        store.put(&AgentIdentity { agent_id: "a".into(), ..Default::default() }, &profiles).unwrap();
-        let found = series(&store, "cpu", &BTreeMap::new(), (1000, 1030), 1, 0, None, None).unwrap();
-        assert_eq!((found.step, found.profiles, found.unit.as_str()), (10, 3, "count"));
-        assert_eq!(found.lines, [Line { name: "total".into(), values: vec![5, 7, 9] }]);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
 
     #[test]
     fn the_step_keeps_a_range_within_its_points() {

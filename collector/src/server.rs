@@ -11,7 +11,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use ember_proto::{ember::collector_server::CollectorServer, security};
 
-use crate::{http, pull, request::QueryLimits, rollup, service, store};
+use crate::{embedded::EmbeddedStore, embedded_store::Embedded, http, pull, request::QueryLimits, service, store::ProfileStore};
 
 /// `ember-collector serve`, resolved.
 pub struct ServeSettings {
@@ -30,7 +30,7 @@ pub struct ServeSettings {
 }
 
 pub async fn serve(args: ServeSettings) -> Result<()> {
-    let store = Arc::new(store::Store::open(&args.data_dir)?);
+    let store: Arc<dyn ProfileStore> = Arc::new(Embedded::new(EmbeddedStore::open(&args.data_dir)?));
     let http_listener = tokio::net::TcpListener::bind(args.http).await.with_context(|| format!("binding {}", args.http))?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let until_stopped = move || {
@@ -54,9 +54,8 @@ pub async fn serve(args: ServeSettings) -> Result<()> {
     }));
     // Buckets come due `rollup_delay` after they end.
     let (rolled, delay) = (store.clone(), args.rollup_delay.as_nanos().min(u64::MAX.into()) as u64);
-    let roller = Arc::new(std::sync::Mutex::new(rollup::Roller::default()));
     tokio::spawn(every(Duration::from_secs(10), ("rolled up time buckets", true), until_stopped(), move || {
-        roller.lock().unwrap_or_else(|e| e.into_inner()).roll_due(&rolled, service::now_ns() as u64, delay)
+        rolled.roll_due(service::now_ns() as u64, delay)
     }));
     for source in args.pull {
         tokio::spawn(pull::pull_forever(source, store.clone(), until_stopped()));

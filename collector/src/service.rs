@@ -5,7 +5,7 @@ use std::sync::Arc;
 use ember_proto::ember::{collector_server::Collector, Profile, PushRequest, PushResponse, Refusal};
 use tonic::{Request, Response, Status};
 
-use crate::store::{Checked, Store};
+use crate::store::{Checked, ProfileStore};
 
 pub const KINDS: [&str; 10] = ["cpu", "offcpu", "wall", "net-tx", "net-rx", "net-retransmit", "net-drop", "faults", "memory-requests", "heap"];
 /// A profile may decompress to at most this much: an agent's 10 s profile is a few MiB at
@@ -16,7 +16,7 @@ const MAX_CLOCK_SKEW_NS: i64 = 10 * 60 * 1_000_000_000;
 const MAX_LABELS: usize = 256;
 
 pub struct CollectorService {
-    pub store: Arc<Store>,
+    pub store: Arc<dyn ProfileStore>,
 }
 
 /// Checks a pushed (or pulled) profile; returns the totals of its sample values.

@@ -23,9 +23,9 @@ const AGENT: &[&[&str]] = &[
 ];
 
 const COLLECTOR: &[&[&str]] = &[
-    &["allocations", "buckets", "store", "tree"],
+    &["allocations", "buckets", "embedded", "store", "tree"],
     &["query", "service", "labels", "series", "rollup"],
-    &["pull", "https", "request"],
+    &["embedded_store", "pull", "https", "request"],
     &["api", "ui"],
     &["http"],
     &["offline", "server"],

@@ -6,13 +6,13 @@ use std::sync::atomic::Ordering;
 use anyhow::{Context as _, Result};
 use redb::ReadableTable;
 
-use super::{rollup_buckets::Buckets, Store, CONTIGUOUS, DELIVERED, PROFILES};
+use super::{rollup_buckets::Buckets, EmbeddedStore, CONTIGUOUS, DELIVERED, PROFILES};
 
 /// Size retention compacts the file, deletes the oldest profiles, and repeats at most this
 /// many times (each round deletes what the file is over, and a sixteenth of the limit more).
 const SIZE_ROUNDS: usize = 8;
 
-impl Store {
+impl EmbeddedStore {
     /// Deletes profiles that started before `min_start`, and the de-duplication records of
     /// profiles that did (and of spools left with none); then the oldest profiles until the
     /// database file takes at most `max_bytes`, compacting it. Returns how many profiles it
@@ -123,12 +123,12 @@ mod tests {
     use ember_proto::ember::AgentIdentity;
 
     use super::*;
-    use crate::store::{
-        tests::{fresh_dir, profile},
-        Checked,
+    use crate::{
+        embedded::tests::{fresh_dir, profile},
+        store::Checked,
     };
 
-    fn entries(store: &Store) -> (usize, usize) {
+    fn entries(store: &EmbeddedStore) -> (usize, usize) {
         use redb::{ReadableDatabase as _, ReadableTableMetadata as _};
         let db = store.db();
         let txn = db.begin_read().unwrap();
@@ -138,7 +138,7 @@ mod tests {
     #[test]
     fn de_duplication_records_go_with_retention() {
         let dir = fresh_dir("growth");
-        let store = Store::open(&dir).unwrap();
+        let store = EmbeddedStore::open(&dir).unwrap();
         // A hundred spools (pods restarted with fresh spools), ten profiles each.
         for spool in 1..=100u64 {
             let agent = AgentIdentity { agent_id: "pod".into(), spool_id: spool, ..Default::default() };
@@ -157,7 +157,7 @@ mod tests {
     #[test]
     fn the_database_file_is_kept_within_the_size_limit() {
         let dir = fresh_dir("size");
-        let store = Store::open(&dir).unwrap();
+        let store = EmbeddedStore::open(&dir).unwrap();
         let agent = AgentIdentity { agent_id: "a".into(), spool_id: 1, ..Default::default() };
         for n in 1..=64u64 {
             store.put(&agent, &[profile(n, n as i64, 64 << 10)]).unwrap();

@@ -11,7 +11,8 @@
 //! ones; a scan that may read roll-ups plans its range over the rolled-up buckets in the same
 //! read transaction, so that it never sees a bucket twice or half.
 //!
-//! This file is what the store's callers see and every part of it shares: the tables, the
+//! `embedded_store` puts it behind the collector's store interface (`store`). This file is
+//! what the store's callers see and every part of it shares: the tables, the
 //! records and answers, and opening the database. Storing with de-duplication is `ingest`,
 //! retention `retention`, reads `scan`, and the roll-up bookkeeping `rollup_buckets`.
 mod ingest;
@@ -85,13 +86,7 @@ pub enum Detail {
     RollUps,
 }
 
-/// A profile that passed the ingest checks, with the totals of its sample values.
-pub struct Checked {
-    pub profile: Profile,
-    pub totals: Vec<i64>,
-}
-
-pub struct Store {
+pub struct EmbeddedStore {
     /// Written (locked) only to compact the file; every other use reads.
     db: RwLock<Database>,
     path: PathBuf,
@@ -99,14 +94,6 @@ pub struct Store {
     horizon: AtomicU64,
     /// The next generation of a pending bucket.
     generation: AtomicU64,
-}
-
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Stored {
-    pub stored_through: u64,
-    pub duplicates: u32,
-    /// The sequences of the request now held (stored now, or before).
-    pub held: Vec<u64>,
 }
 
 #[derive(Default)]
@@ -117,8 +104,8 @@ pub struct RollupUsage {
     pub pending: u64,
 }
 
-impl Store {
-    pub fn open(dir: &Path) -> Result<Store> {
+impl EmbeddedStore {
+    pub fn open(dir: &Path) -> Result<EmbeddedStore> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating data directory {}", dir.display()))?;
         let path = dir.join("profiles.redb");
         let db = Database::create(&path).with_context(|| format!("opening {}", path.display()))?;
@@ -147,7 +134,7 @@ impl Store {
             }
         }
         txn.commit()?;
-        Ok(Store { db: RwLock::new(db), path, horizon: AtomicU64::new(0), generation: AtomicU64::new(generation + 1) })
+        Ok(EmbeddedStore { db: RwLock::new(db), path, horizon: AtomicU64::new(0), generation: AtomicU64::new(generation + 1) })
     }
 
     fn db(&self) -> std::sync::RwLockReadGuard<'_, Database> {
@@ -160,6 +147,7 @@ mod tests {
     use prost::Message as _;
 
     use super::*;
+    use crate::store::Checked;
 
     /// An empty directory for one test's store.
     pub(super) fn fresh_dir(name: &str) -> std::path::PathBuf {
@@ -188,17 +176,17 @@ mod tests {
             drop(profiles);
             txn.commit().unwrap();
         }
-        let store = Store::open(&dir).unwrap();
+        let store = EmbeddedStore::open(&dir).unwrap();
         let pending = |level| store.pending(level, u64::MAX).unwrap().into_iter().map(|(bucket, _)| bucket).collect::<Vec<_>>();
         assert_eq!(pending(LEVELS[0]), [LEVELS[2], LEVELS[2] + LEVELS[0]]);
         assert_eq!(pending(LEVELS[1]), [LEVELS[2]]);
         assert_eq!(pending(LEVELS[2]), [LEVELS[2]]);
         // Only once: a store that has the roll-up tables is not scanned again.
         drop(store);
-        let store = Store::open(&dir).unwrap();
+        let store = EmbeddedStore::open(&dir).unwrap();
         store.save_rollups(LEVELS[2], LEVELS[2], 0, 2, &[]).unwrap();
         drop(store);
-        assert!(Store::open(&dir).unwrap().pending(LEVELS[2], u64::MAX).unwrap().is_empty());
+        assert!(EmbeddedStore::open(&dir).unwrap().pending(LEVELS[2], u64::MAX).unwrap().is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

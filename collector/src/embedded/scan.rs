@@ -5,10 +5,10 @@ use anyhow::{Context as _, Result};
 use prost::Message;
 use redb::ReadableDatabase;
 
-use super::{Detail, Store, StoredProfile, PROFILES, ROLLED, ROLLUPS};
+use super::{Detail, EmbeddedStore, StoredProfile, PROFILES, ROLLED, ROLLUPS};
 use crate::buckets::{self, Segment};
 
-impl Store {
+impl EmbeddedStore {
     /// Profiles whose start lies in [from, to), in time order.
     pub fn range(&self, from: u64, to: u64) -> Result<Vec<StoredProfile>> {
         let mut out = Vec::new();

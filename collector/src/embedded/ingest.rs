@@ -8,10 +8,13 @@ use ember_proto::ember::AgentIdentity;
 use prost::Message;
 use redb::{ReadableDatabase, ReadableTable};
 
-use super::{origin, rollup_buckets::Buckets, Checked, Store, Stored, StoredProfile, CONTIGUOUS, DELIVERED, PROFILES};
-use crate::buckets::{bucket, LEVELS};
+use super::{origin, rollup_buckets::Buckets, EmbeddedStore, StoredProfile, CONTIGUOUS, DELIVERED, PROFILES};
+use crate::{
+    buckets::{bucket, LEVELS},
+    store::{Checked, Stored},
+};
 
-impl Store {
+impl EmbeddedStore {
     /// Stores an agent's profiles in one transaction; profiles it delivered before, and
     /// profiles already past retention, are counted as duplicates and dropped.
     pub fn put(&self, agent: &AgentIdentity, profiles: &[Checked]) -> Result<Stored> {
@@ -64,14 +67,14 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::tests::{fresh_dir, profile};
+    use crate::embedded::tests::{fresh_dir, profile};
 
     #[test]
     fn stores_once_survives_reopen_and_enforces_retention() {
         let dir = fresh_dir("test");
         let agent = AgentIdentity { agent_id: "a".into(), ..Default::default() };
         {
-            let store = Store::open(&dir).unwrap();
+            let store = EmbeddedStore::open(&dir).unwrap();
             // Out of order: 2 arrives before 1; the watermark waits for the gap to close.
             assert_eq!(store.put(&agent, &[profile(2, 200, 1000)]).unwrap(), Stored { stored_through: 0, duplicates: 0, held: vec![2] });
             assert_eq!(
@@ -79,7 +82,7 @@ mod tests {
                 Stored { stored_through: 2, duplicates: 1, held: vec![1, 2] }
             );
         }
-        let store = Store::open(&dir).unwrap();
+        let store = EmbeddedStore::open(&dir).unwrap();
         assert_eq!(store.put(&agent, &[profile(3, 300, 1000)]).unwrap().stored_through, 3);
         assert_eq!(store.range(0, u64::MAX).unwrap().len(), 3);
         // Age: profile 1 (start 100) goes.
@@ -95,7 +98,7 @@ mod tests {
     #[test]
     fn sequences_count_per_spool_not_per_agent_name() {
         let dir = fresh_dir("spools");
-        let store = Store::open(&dir).unwrap();
+        let store = EmbeddedStore::open(&dir).unwrap();
         let old = AgentIdentity { agent_id: "pod-a".into(), spool_id: 7, ..Default::default() };
         assert_eq!(store.put(&old, &[profile(1, 100, 10), profile(2, 200, 10)]).unwrap().duplicates, 0);
         // Renamed (a new pod on the same node and spool): its resend is a duplicate.

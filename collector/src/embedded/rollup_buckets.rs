@@ -6,10 +6,10 @@ use anyhow::Result;
 use prost::Message;
 use redb::{ReadableDatabase, ReadableTable};
 
-use super::{RollupUsage, Store, StoredProfile, PENDING, ROLLED, ROLLUPS};
+use super::{RollupUsage, EmbeddedStore, StoredProfile, PENDING, ROLLED, ROLLUPS};
 use crate::buckets::LEVELS;
 
-impl Store {
+impl EmbeddedStore {
     /// How many roll-ups there are, of how many buckets, what they take, and how many
     /// buckets wait to be rolled up.
     pub fn rollup_usage(&self) -> Result<RollupUsage> {

@@ -1,0 +1,118 @@
+//! The collector's store, as ingest, pull and the query API see it: whichever keeps the
+//! profiles, the embedded redb store (`embedded_store`, the default) or ClickHouse
+//! (`clickhouse`, for fleets), stores each profile once and answers the same questions.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Instant,
+};
+
+use anyhow::Result;
+use ember_proto::{
+    ember::{AgentIdentity, Profile},
+    pprof,
+};
+use serde::Serialize;
+
+/// A profile that passed the ingest checks, with the totals of its sample values.
+pub struct Checked {
+    pub profile: Profile,
+    pub totals: Vec<i64>,
+}
+
+/// What a push achieved, as the agent is told.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Stored {
+    pub stored_through: u64,
+    pub duplicates: u32,
+    /// The sequences of the request now held (stored now, or before).
+    pub held: Vec<u64>,
+}
+
+/// What a query selects: one kind, the profiles and samples its selector matches (see
+/// `query::parse_selector`), whose start lies in [from, to) (unix ns).
+pub struct Selection<'a> {
+    pub kind: &'a str,
+    pub selector: &'a BTreeMap<String, String>,
+    pub range: (u64, u64),
+}
+
+/// One profile's share of a time series: its start and length (unix seconds) and its totals
+/// by group ("total" without a group).
+pub type Point = (u64, u64, BTreeMap<String, i64>);
+
+/// Values kept per label name; beyond them the name is marked as truncated.
+pub const MAX_VALUES: usize = 200;
+
+/// Label names and values, for the web UI's selector completion. Values are capped per name so
+/// that a label such as a thread id cannot make the answer unbounded.
+#[derive(Serialize, Default, Debug)]
+pub struct Labels {
+    /// Name -> its values, sorted.
+    pub labels: BTreeMap<String, BTreeSet<String>>,
+    /// Names with more values than MAX_VALUES.
+    pub truncated: BTreeSet<String>,
+}
+
+impl Labels {
+    pub fn add(&mut self, name: &str, value: &str) {
+        if value.is_empty() {
+            return;
+        }
+        let values = self.labels.entry(name.to_string()).or_default();
+        if values.len() < MAX_VALUES {
+            values.insert(value.to_string());
+        } else if !values.contains(value) {
+            self.truncated.insert(name.to_string());
+        }
+    }
+}
+
+/// Every store answers these; each is called on a blocking thread, and a query's work stops
+/// with an error past its deadline.
+pub trait ProfileStore: Send + Sync {
+    /// Stores an agent's profiles exactly once: a profile of its spool stored before (by
+    /// this collector or another over the same store) is counted as a duplicate.
+    fn put(&self, agent: &AgentIdentity, profiles: &[Checked]) -> Result<Stored>;
+
+    /// Highest sequence N such that the profiles 1..=N of this agent's spool are all stored.
+    fn stored_through(&self, agent: &AgentIdentity) -> Result<u64>;
+
+    /// Hands `visit` the selection merged, in parts (the embedded store's records, or one
+    /// profile merged where the data is); returns how many stored profiles they stand for.
+    fn visit_merged(&self, selection: &Selection, deadline: Option<Instant>, visit: &mut dyn FnMut(pprof::Profile) -> Result<()>) -> Result<usize>;
+
+    /// One point per stored profile of the selection: its totals of sample value `value`,
+    /// by the values of label `group_by`; and the unit of that value.
+    fn points(&self, selection: &Selection, value: usize, group_by: Option<&str>, deadline: Option<Instant>) -> Result<(Vec<Point>, String)>;
+
+    /// The label names and values of the `kind` profiles of [from, to) (unix ns).
+    fn labels(&self, kind: &str, range: (u64, u64), deadline: Instant) -> Result<Labels>;
+
+    /// Deletes profiles that start before `oldest` (unix ns), and the oldest beyond
+    /// `max_bytes` where the store bounds its own size; returns how many.
+    fn enforce_retention(&self, oldest: u64, max_bytes: u64) -> Result<usize>;
+
+    /// Builds the roll-ups of time buckets that ended `delay` before `now` (unix ns); returns
+    /// how many it built.
+    fn roll_due(&self, now: u64, delay: u64) -> Result<usize>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_past_the_cap_mark_their_name() {
+        let mut labels = Labels::default();
+        for i in 0..MAX_VALUES + 1 {
+            labels.add("tid", &i.to_string());
+        }
+        labels.add("host", "a");
+        labels.add("host", "a");
+        labels.add("pod", "");
+        assert_eq!(labels.labels["tid"].len(), MAX_VALUES);
+        assert_eq!(labels.truncated, BTreeSet::from(["tid".to_string()]));
+        assert_eq!(labels.labels["host"].len(), 1);
+        assert!(!labels.labels.contains_key("pod"));
+    }
+}
