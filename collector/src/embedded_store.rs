@@ -11,7 +11,7 @@ use crate::{
     labels, query,
     rollup::Roller,
     series,
-    store::{Checked, Labels, Point, ProfileStore, Selection, Stored},
+    store::{Checked, Labels, Points, ProfileStore, Selection, Stored},
 };
 
 /// The redb store, and the roller's memory of the buckets it saw pending.
@@ -39,7 +39,7 @@ impl ProfileStore for Embedded {
         query::visit_matching(&self.store, selection.kind, selection.selector, selection.range, deadline, |_, profile| visit(profile))
     }
 
-    fn points(&self, selection: &Selection, value: usize, group_by: Option<&str>, deadline: Option<Instant>) -> Result<(Vec<Point>, String)> {
+    fn points(&self, selection: &Selection, value: usize, group_by: Option<&str>, deadline: Option<Instant>) -> Result<Points> {
         series::points(&self.store, selection, value, group_by, deadline)
     }
 

@@ -1,13 +1,14 @@
-//! ember-collector: receives profiles pushed by agents over gRPC, keeps them in an embedded
-//! store under a data directory, and answers queries. This file is the command line: it
-//! resolves `serve`'s settings and dispatches. `server` wires the running collector (`service`
-//! ingest, `store`, `rollup` of time `buckets`, `http`/`https` queries over `query`, `pull`
-//! loops); `offline` answers
-//! `list` and `query` from a stopped collector's data directory.
+//! ember-collector: receives profiles pushed by agents over gRPC, keeps them in a store (an
+//! embedded one under a data directory, or ClickHouse), and answers queries. This file is the
+//! command line: it resolves `serve`'s settings and dispatches. `server` wires the running
+//! collector (`service` ingest, the `store` chosen in `store_choice`, `http`/`https` queries
+//! over `query`, `pull` loops); `offline` answers `list` and `query` from a stopped
+//! collector's data directory or from ClickHouse.
 #[cfg(test)]
 mod allocations;
 mod api;
 mod buckets;
+mod clickhouse;
 mod embedded;
 mod embedded_store;
 mod http;
@@ -22,6 +23,7 @@ mod series;
 mod server;
 mod service;
 mod store;
+mod store_choice;
 mod tree;
 mod ui;
 
@@ -34,7 +36,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use ember_proto::security::{self, ClientSecurity, ServerSecurity};
 
-use crate::{request::QueryLimits, server::ServeSettings};
+use crate::{clickhouse::Connection, request::QueryLimits, server::ServeSettings, store_choice::StoreChoice};
 
 #[derive(Parser)]
 #[command(name = "ember-collector", version, about = "Ember's collector: receive, store and query profiles")]
@@ -53,14 +55,14 @@ enum Command {
         /// HTTP address of the query API (/query, /diff, /healthz).
         #[arg(long, default_value = "127.0.0.1:7071")]
         http: SocketAddr,
-        /// Where the embedded store keeps its data.
-        #[arg(long, default_value = "ember-data")]
-        data_dir: PathBuf,
-        /// Delete profiles older than this many hours.
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Delete profiles older than this many hours (in ClickHouse: whole days, once the
+        /// day's end is that old).
         #[arg(long, default_value_t = 168)]
         retention_hours: u64,
-        /// Keep the store (its database file) within this many MiB (oldest profiles deleted
-        /// first).
+        /// Keep the embedded store (its database file) within this many MiB (oldest profiles
+        /// deleted first).
         #[arg(long, default_value_t = 10_240)]
         max_size_mib: u64,
         /// Roll a time bucket's profiles up (one merged profile per agent, read by queries
@@ -110,15 +112,16 @@ enum Command {
         #[arg(long)]
         plaintext: bool,
     },
-    /// List stored profiles: agent, sequence, kind, start (unix ns), size.
+    /// List stored profiles: agent, sequence, kind, start (unix ns), size (pprof bytes in the
+    /// embedded store, sample rows in ClickHouse).
     List {
-        #[arg(long, default_value = "ember-data")]
-        data_dir: PathBuf,
+        #[command(flatten)]
+        store: StoreArgs,
     },
     /// Merge the stored profiles of one kind that match a selector and time range.
     Query {
-        #[arg(long, default_value = "ember-data")]
-        data_dir: PathBuf,
+        #[command(flatten)]
+        store: StoreArgs,
         /// Profile kind: cpu, offcpu, wall, net-tx, net-rx, net-retransmit, net-drop, faults,
         /// memory-requests, heap.
         #[arg(long, default_value = "cpu")]
@@ -142,6 +145,40 @@ enum Command {
     },
 }
 
+/// Where profiles are stored: the embedded store, or ClickHouse.
+#[derive(clap::Args)]
+struct StoreArgs {
+    /// Where the embedded store keeps its data.
+    #[arg(long, default_value = "ember-data")]
+    data_dir: PathBuf,
+    /// Store in ClickHouse at this HTTP(S) URL (e.g. http://clickhouse-1:8123) instead of the
+    /// embedded store; any number of collectors may share it.
+    #[arg(long)]
+    clickhouse: Option<String>,
+    /// The ClickHouse database (created with Ember's tables where missing).
+    #[arg(long, default_value = "ember")]
+    clickhouse_database: String,
+    /// The ClickHouse user.
+    #[arg(long, default_value = "default")]
+    clickhouse_user: String,
+    /// A file that holds the ClickHouse user's password (else EMBER_CLICKHOUSE_PASSWORD, else
+    /// none).
+    #[arg(long)]
+    clickhouse_password_file: Option<PathBuf>,
+}
+
+impl StoreArgs {
+    fn choice(self) -> Result<StoreChoice> {
+        let Some(url) = self.clickhouse else { return Ok(StoreChoice::Embedded(self.data_dir)) };
+        let password = match self.clickhouse_password_file {
+            Some(path) => security::read_token(&path)?,
+            None => std::env::var("EMBER_CLICKHOUSE_PASSWORD").unwrap_or_default(),
+        };
+        let connection = Connection { url, user: self.clickhouse_user, password };
+        Ok(StoreChoice::ClickHouse { connection, database: self.clickhouse_database })
+    }
+}
+
 /// The command line: parses it, runs the command, and prints a failure as one line.
 pub fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -150,7 +187,7 @@ pub fn main() -> ExitCode {
         .init();
     let result = match Cli::parse().command {
         Command::Serve {
-            listen, http, data_dir, retention_hours, max_size_mib, rollup_delay_seconds, query_max_range_hours, query_concurrency,
+            listen, http, store, retention_hours, max_size_mib, rollup_delay_seconds, query_max_range_hours, query_concurrency,
             query_timeout_ms, token_file, pull, pull_tls_ca, pull_tls_cert, pull_tls_key, pull_token_file, tls_cert,
             tls_key, tls_client_ca, plaintext,
         } => {
@@ -169,7 +206,7 @@ pub fn main() -> ExitCode {
                     http_tls: server.tls(http, "HTTP")?,
                     listen,
                     http,
-                    data_dir,
+                    store: store.choice()?,
                     retention: Duration::from_secs(retention_hours * 3600),
                     max_bytes: max_size_mib << 20,
                     rollup_delay: Duration::from_secs(rollup_delay_seconds),
@@ -185,9 +222,9 @@ pub fn main() -> ExitCode {
                 Err(error) => Err(error),
             }
         }
-        Command::List { data_dir } => offline::list(data_dir),
-        Command::Query { data_dir, kind, selector, from, to, format, output } => {
-            offline::run_query(data_dir, kind, selector, from, to, format, output)
+        Command::List { store } => store.choice().and_then(offline::list),
+        Command::Query { store, kind, selector, from, to, format, output } => {
+            store.choice().and_then(|store| offline::run_query(store, kind, selector, from, to, format, output))
         }
     };
     match result {

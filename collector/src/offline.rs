@@ -1,17 +1,19 @@
-//! The commands that read a stopped collector's data directory (the store is locked by the
-//! process that has it open): `list` and `query`.
+//! The commands that read stored profiles without a running collector (the embedded store is
+//! locked by the process that has it open; ClickHouse is shared): `list` and `query`.
 use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 
-use crate::{embedded::EmbeddedStore, embedded_store::Embedded, query, store::Selection};
+use crate::{clickhouse::ClickHouse, embedded::EmbeddedStore, query, store::Selection, store_choice::StoreChoice};
 
-pub fn run_query(data_dir: PathBuf, kind: String, selector: String, from: Option<u64>, to: Option<u64>, format: String, output: PathBuf) -> Result<()> {
-    let store = Embedded::new(EmbeddedStore::open(&data_dir)?);
+pub fn run_query(store: StoreChoice, kind: String, selector: String, from: Option<u64>, to: Option<u64>, format: String, output: PathBuf) -> Result<()> {
+    let runtime = runtime()?;
+    let _entered = runtime.enter();
+    let store = store.open()?;
     let selector = query::parse_selector(&selector)?;
     let nanos = |s: u64| s.saturating_mul(1_000_000_000);
     let range = (nanos(from.unwrap_or(0)), nanos(to.unwrap_or_else(query::now_seconds)));
-    let (profile, count) = query::merged(&store, &Selection { kind: &kind, selector: &selector, range }, None)?
+    let (profile, count) = query::merged(&*store, &Selection { kind: &kind, selector: &selector, range }, None)?
         .with_context(|| format!("no {kind} profiles match in that time range"))?;
     let bytes = query::render(&profile, &kind, &format)?;
     std::fs::write(&output, bytes).with_context(|| format!("writing {}", output.display()))?;
@@ -19,9 +21,24 @@ pub fn run_query(data_dir: PathBuf, kind: String, selector: String, from: Option
     Ok(())
 }
 
-/// Prints each stored profile, then (on stderr) what the roll-ups beside them take.
-pub fn list(data_dir: PathBuf) -> Result<()> {
-    let store = EmbeddedStore::open(&data_dir)?;
+/// Prints each stored profile, then (on stderr) what it all takes.
+pub fn list(store: StoreChoice) -> Result<()> {
+    match store {
+        StoreChoice::Embedded(dir) => list_embedded(dir),
+        StoreChoice::ClickHouse { connection, database } => {
+            let runtime = runtime()?;
+            let _entered = runtime.enter();
+            let count = ClickHouse::open(&connection, &database)?.list(&mut |agent, sequence, kind, start, samples| {
+                println!("{agent} {sequence} {kind} {start} {samples}");
+            })?;
+            eprintln!("{count} profiles");
+            Ok(())
+        }
+    }
+}
+
+fn list_embedded(dir: PathBuf) -> Result<()> {
+    let store = EmbeddedStore::open(&dir)?;
     let (mut count, mut bytes) = (0, 0);
     for stored in store.range(0, u64::MAX)? {
         if let (Some(agent), Some(p)) = (stored.agent, stored.profile) {
@@ -39,4 +56,9 @@ pub fn list(data_dir: PathBuf) -> Result<()> {
         rollups.pending
     );
     Ok(())
+}
+
+/// A runtime for ClickHouse's client, whose calls block a thread that has entered it.
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().context("starting a tokio runtime")
 }

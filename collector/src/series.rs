@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::{
     embedded::{Detail, EmbeddedStore},
     query::{self, profile_label, NS},
-    store::{Point, ProfileStore, Selection},
+    store::{Point, Points, ProfileStore, Selection},
 };
 
 /// Lines a grouped series shows before the rest are summed as "other".
@@ -61,18 +61,18 @@ pub fn series(
     deadline: Option<Instant>,
 ) -> Result<Series> {
     let selection = Selection { kind, selector, range: (from.saturating_mul(NS), to.saturating_mul(NS)) };
-    let (found, unit) = store.points(&selection, value, group_by, deadline)?;
+    let Points { points: found, unit, profiles } = store.points(&selection, value, group_by, deadline)?;
     let mut lengths: Vec<u64> = found.iter().map(|f| f.1).collect();
     lengths.sort_unstable();
     let step = step.max(lengths.get(lengths.len() / 2).copied().unwrap_or(1));
     let points = (to - from).div_ceil(step) as usize;
     let lines = lines(&found, from, step, points);
-    Ok(Series { from, step, unit, profiles: found.len(), lines })
+    Ok(Series { from, step, unit, profiles, lines })
 }
 
 /// The embedded store's points: each matching profile's totals, from those stored at ingest
 /// unless its samples must be told apart.
-pub fn points(store: &EmbeddedStore, selection: &Selection, value: usize, group_by: Option<&str>, deadline: Option<Instant>) -> Result<(Vec<Point>, String)> {
+pub fn points(store: &EmbeddedStore, selection: &Selection, value: usize, group_by: Option<&str>, deadline: Option<Instant>) -> Result<Points> {
     let mut found: Vec<Point> = Vec::new();
     let mut unit = String::new();
     query::scan_matching(store, selection.kind, selection.selector, selection.range, Detail::Profiles, deadline, |stored, sample_terms| {
@@ -94,7 +94,7 @@ pub fn points(store: &EmbeddedStore, selection: &Selection, value: usize, group_
         found.push((start / NS, (profile.end_unix_nanos.max(0) as u64).saturating_sub(start) / NS, totals));
         Ok(())
     })?;
-    Ok((found, unit))
+    Ok(Points { profiles: found.len(), points: found, unit })
 }
 
 /// A profile's totals by group (key, the profile's own value of it): all of it under

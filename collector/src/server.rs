@@ -3,15 +3,13 @@
 //! `main` resolves its settings from the command line.
 use std::{
     net::SocketAddr,
-    path::PathBuf,
-    sync::Arc,
     time::{Duration, UNIX_EPOCH},
 };
 
 use anyhow::{Context as _, Result};
 use ember_proto::{ember::collector_server::CollectorServer, security};
 
-use crate::{embedded::EmbeddedStore, embedded_store::Embedded, http, pull, request::QueryLimits, service, store::ProfileStore};
+use crate::{http, pull, request::QueryLimits, service, store_choice::StoreChoice};
 
 /// `ember-collector serve`, resolved.
 pub struct ServeSettings {
@@ -22,7 +20,7 @@ pub struct ServeSettings {
     pub http_tls: Option<(Vec<u8>, Vec<u8>)>,
     pub listen: SocketAddr,
     pub http: SocketAddr,
-    pub data_dir: PathBuf,
+    pub store: StoreChoice,
     pub retention: Duration,
     pub max_bytes: u64,
     pub rollup_delay: Duration,
@@ -30,7 +28,9 @@ pub struct ServeSettings {
 }
 
 pub async fn serve(args: ServeSettings) -> Result<()> {
-    let store: Arc<dyn ProfileStore> = Arc::new(Embedded::new(EmbeddedStore::open(&args.data_dir)?));
+    let place = args.store.describe();
+    let choice = args.store;
+    let store = tokio::task::spawn_blocking(move || choice.open()).await.context("opening the store")??;
     let http_listener = tokio::net::TcpListener::bind(args.http).await.with_context(|| format!("binding {}", args.http))?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let until_stopped = move || {
@@ -69,7 +69,7 @@ pub async fn serve(args: ServeSettings) -> Result<()> {
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .context("building the gRPC reflection service")?;
-    tracing::info!(grpc = %args.listen, http = %args.http, data_dir = %args.data_dir.display(), "collector listening");
+    tracing::info!(grpc = %args.listen, http = %args.http, store = place, "collector listening");
     let mut server = tonic::transport::Server::builder();
     if let Some(tls) = args.tls.clone() {
         server = server.tls_config(tls).context("configuring TLS")?;

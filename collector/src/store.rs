@@ -13,6 +13,15 @@ use ember_proto::{
 };
 use serde::Serialize;
 
+/// Where a profile's sequence number counts: its spool, or for agents that send no spool id,
+/// the agent.
+pub fn origin(agent: &AgentIdentity) -> String {
+    match agent.spool_id {
+        0 => agent.agent_id.clone(),
+        id => format!("spool:{id:016x}"),
+    }
+}
+
 /// A profile that passed the ingest checks, with the totals of its sample values.
 pub struct Checked {
     pub profile: Profile,
@@ -36,9 +45,16 @@ pub struct Selection<'a> {
     pub range: (u64, u64),
 }
 
-/// One profile's share of a time series: its start and length (unix seconds) and its totals
-/// by group ("total" without a group).
+/// A share of a time series: the start and length (unix seconds) of the profiles it sums,
+/// and their totals by group ("total" without a group).
 pub type Point = (u64, u64, BTreeMap<String, i64>);
+
+/// The points of a selection, the unit of their values, and how many profiles they sum.
+pub struct Points {
+    pub points: Vec<Point>,
+    pub unit: String,
+    pub profiles: usize,
+}
 
 /// Values kept per label name; beyond them the name is marked as truncated.
 pub const MAX_VALUES: usize = 200;
@@ -81,9 +97,9 @@ pub trait ProfileStore: Send + Sync {
     /// profile merged where the data is); returns how many stored profiles they stand for.
     fn visit_merged(&self, selection: &Selection, deadline: Option<Instant>, visit: &mut dyn FnMut(pprof::Profile) -> Result<()>) -> Result<usize>;
 
-    /// One point per stored profile of the selection: its totals of sample value `value`,
-    /// by the values of label `group_by`; and the unit of that value.
-    fn points(&self, selection: &Selection, value: usize, group_by: Option<&str>, deadline: Option<Instant>) -> Result<(Vec<Point>, String)>;
+    /// The selection's totals of sample value `value` by the values of label `group_by`, at
+    /// least per second of profile starts.
+    fn points(&self, selection: &Selection, value: usize, group_by: Option<&str>, deadline: Option<Instant>) -> Result<Points>;
 
     /// The label names and values of the `kind` profiles of [from, to) (unix ns).
     fn labels(&self, kind: &str, range: (u64, u64), deadline: Instant) -> Result<Labels>;

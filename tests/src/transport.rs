@@ -2,12 +2,12 @@
 //! addresses, test certificates, and gRPC health and reflection queries.
 use std::{
     net::{SocketAddr, TcpListener, TcpStream},
-    path::Path,
+    path::{Path, PathBuf},
     process::{Child, Command},
     time::{Duration, Instant},
 };
 
-use crate::Agent;
+use crate::{clickhouse::ClickHouseServer, Agent, TempDir};
 
 pub fn collector_bin() -> std::path::PathBuf {
     crate::agent_bin().with_file_name("ember-collector")
@@ -30,22 +30,57 @@ pub fn free_address() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
+/// Where a test's collectors keep their profiles: the embedded store in a directory, or a
+/// database of a ClickHouse server the test started.
+pub enum TestStore {
+    Embedded(PathBuf),
+    ClickHouse { server: ClickHouseServer, database: String },
+}
+
+impl TestStore {
+    /// The embedded store in `dir`/data.
+    pub fn embedded(dir: &TempDir) -> TestStore {
+        TestStore::Embedded(dir.path("data"))
+    }
+
+    /// A ClickHouse server of its own, under `dir`/clickhouse.
+    pub fn clickhouse(dir: &TempDir) -> TestStore {
+        TestStore::ClickHouse { server: ClickHouseServer::start(&dir.path("clickhouse"), ""), database: "ember_test".into() }
+    }
+
+    /// The collector's arguments that choose this store (serve, list and query take them).
+    pub fn args(&self) -> Vec<String> {
+        match self {
+            TestStore::Embedded(data) => vec!["--data-dir".into(), data.display().to_string()],
+            TestStore::ClickHouse { server, database } => vec!["--clickhouse".into(), server.url(), "--clickhouse-database".into(), database.clone()],
+        }
+    }
+
+    /// Where the collectors' logs go: beside the store.
+    fn log(&self) -> PathBuf {
+        match self {
+            TestStore::Embedded(data) => data.with_extension("log"),
+            TestStore::ClickHouse { server, .. } => server.dir().join("collector.log"),
+        }
+    }
+}
+
 /// A running collector, stopped (SIGINT) on drop.
 pub struct CollectorProcess(Child);
 
 impl CollectorProcess {
-    pub fn start(address: SocketAddr, data: &Path) -> CollectorProcess {
-        CollectorProcess::start_with_http(address, free_address(), data, &[])
+    pub fn start(address: SocketAddr, store: &TestStore) -> CollectorProcess {
+        CollectorProcess::start_with_http(address, free_address(), store, &[])
     }
 
-    /// Starts a collector whose log goes to `<data>.log`, shown if it does not come up.
-    pub fn start_with_http(address: SocketAddr, http: SocketAddr, data: &Path, extra: &[&str]) -> CollectorProcess {
-        let log = data.with_extension("log");
+    /// Starts a collector whose log goes beside its store, shown if it does not come up.
+    pub fn start_with_http(address: SocketAddr, http: SocketAddr, store: &TestStore, extra: &[&str]) -> CollectorProcess {
+        let log = store.log();
         let child = Command::new(collector_bin())
             .args(["serve", "--listen", &address.to_string(), "--http", &http.to_string()])
-            .args(["--data-dir", data.to_str().unwrap()])
+            .args(store.args())
             .args(extra)
-            .stderr(std::fs::File::create(&log).expect("creating the collector log"))
+            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("creating the collector log"))
             .spawn()
             .expect("starting ember-collector");
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -76,8 +111,8 @@ impl Drop for CollectorProcess {
 }
 
 /// (agent, sequence) of every stored profile.
-pub fn stored(data: &Path) -> Vec<(String, u64)> {
-    let out = Command::new(collector_bin()).args(["list", "--data-dir", data.to_str().unwrap()]).output().unwrap();
+pub fn stored(store: &TestStore) -> Vec<(String, u64)> {
+    let out = Command::new(collector_bin()).arg("list").args(store.args()).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let mut rows: Vec<(String, u64)> = String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -139,3 +174,22 @@ pub fn make_pki(dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathB
     (path("ca.pem"), path("cert.pem"), path("key.pem"))
 }
 
+
+/// Runs a test function that takes a store maker over each store, as `test::embedded` and
+/// `test::clickhouse`.
+#[macro_export]
+macro_rules! over_both_stores {
+    ($($test:ident),* $(,)?) => {$(
+        mod $test {
+            #[test]
+            fn embedded() {
+                super::$test($crate::transport::TestStore::embedded)
+            }
+
+            #[test]
+            fn clickhouse() {
+                super::$test($crate::transport::TestStore::clickhouse)
+            }
+        }
+    )*};
+}

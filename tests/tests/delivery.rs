@@ -13,7 +13,7 @@ use std::{
 use ember_proto::ember::Profile;
 use ember_tests::{
     empty_pprof_gzip, fetch_metrics, metric_value, require_root,
-    transport::{self, free_address, spool_is_empty, stop_agent, stored, CollectorProcess},
+    transport::{self, free_address, spool_is_empty, stop_agent, stored, CollectorProcess, TestStore},
     wait_for_metric, Agent, TempDir,
 };
 use prost::Message;
@@ -45,7 +45,7 @@ fn next_sequence(spool: &Path) -> u64 {
 }
 
 /// The sequences the collector holds, in order, with how many agent names they came under.
-fn held_sequences(data: &Path) -> Vec<u64> {
+fn held_sequences(data: &TestStore) -> Vec<u64> {
     let mut sequences: Vec<u64> = stored(data).into_iter().map(|(_, sequence)| sequence).collect();
     sequences.sort();
     sequences
@@ -60,7 +60,7 @@ fn metric(http: SocketAddr, series: &str) -> f64 {
 fn spool_overflow_during_an_outage_drops_the_oldest_counts_them_and_delivers_the_rest() {
     require_root();
     let dir = TempDir::new("overflow");
-    let (address, data, spool, http) = (free_address(), dir.path("data"), dir.path("spool"), free_address());
+    let (address, data, spool, http) = (free_address(), TestStore::embedded(&dir), dir.path("spool"), free_address());
     // 1 KiB holds a few small profiles: an 8 s outage overflows it.
     let agent = push_agent(address, &spool, "overflow", &["--spool-max-mib", "0.001", "--http", &http.to_string()]);
     std::thread::sleep(Duration::from_secs(8));
@@ -92,7 +92,7 @@ fn spool_file(profile: &Profile) -> Vec<u8> {
 fn a_refused_profile_in_the_middle_of_a_batch_is_dropped_alone_and_counted() {
     require_root();
     let dir = TempDir::new("refused");
-    let (address, data, spool, http) = (free_address(), dir.path("data"), dir.path("spool"), free_address());
+    let (address, data, spool, http) = (free_address(), TestStore::embedded(&dir), dir.path("spool"), free_address());
     // Five spooled profiles from an earlier run; the third claims to start tomorrow.
     std::fs::create_dir_all(&spool).unwrap();
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i64;
@@ -126,7 +126,7 @@ fn a_refused_profile_in_the_middle_of_a_batch_is_dropped_alone_and_counted() {
 fn an_agent_renamed_on_the_same_spool_delivers_everything_once() {
     require_root();
     let dir = TempDir::new("renamed");
-    let (address, data, spool) = (free_address(), dir.path("data"), dir.path("spool"));
+    let (address, data, spool) = (free_address(), TestStore::embedded(&dir), dir.path("spool"));
     let collector = CollectorProcess::start(address, &data);
     // The shipped DaemonSet used to do this at every pod restart: a new name, the node's spool.
     for name in ["pod-a", "pod-b"] {
@@ -143,7 +143,7 @@ fn an_agent_renamed_on_the_same_spool_delivers_everything_once() {
 fn a_wiped_spool_numbers_anew_and_nothing_passes_for_already_stored() {
     require_root();
     let dir = TempDir::new("wiped");
-    let (address, data, spool) = (free_address(), dir.path("data"), dir.path("spool"));
+    let (address, data, spool) = (free_address(), TestStore::embedded(&dir), dir.path("spool"));
     let collector = CollectorProcess::start(address, &data);
     let mut made = 0;
     for _ in 0..2 {
@@ -160,7 +160,7 @@ fn a_wiped_spool_numbers_anew_and_nothing_passes_for_already_stored() {
 fn a_collector_killed_mid_batch_loses_nothing_and_stores_nothing_twice() {
     require_root();
     let dir = TempDir::new("killed");
-    let (address, data, spool) = (free_address(), dir.path("data"), dir.path("spool"));
+    let (address, data, spool) = (free_address(), TestStore::embedded(&dir), dir.path("spool"));
     let agent = push_agent(address, &spool, "killed", &[]);
     // An outage first, so that the collector receives a backlog in batches; then collectors
     // killed (SIGKILL) at different moments of the agent's sending.
@@ -198,7 +198,7 @@ fn spooled(spool: &Path) -> Vec<(u64, std::path::PathBuf)> {
 fn an_agent_killed_mid_write_loses_nothing_spooled_and_quarantines_a_damaged_file() {
     require_root();
     let dir = TempDir::new("agent-killed");
-    let (address, data, spool, http) = (free_address(), dir.path("data"), dir.path("spool"), free_address());
+    let (address, data, spool, http) = (free_address(), TestStore::embedded(&dir), dir.path("spool"), free_address());
     // No collector: every interval is spooled. The agent is killed (SIGKILL) at different
     // moments of its writing, then a spooled file is damaged on disk (one bit flipped).
     for life in [1500, 2300, 3100] {

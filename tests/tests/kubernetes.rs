@@ -10,7 +10,7 @@ use ember_tests::{
     folded_total, http_get,
     kube_api::{pod, FakeApiServer},
     require_root,
-    transport::{free_address, stop_agent, CollectorProcess},
+    transport::{free_address, stop_agent, CollectorProcess, TestStore},
     wait_for_metric, Agent, Decoded, Fixture, TempDir, TestCgroups,
 };
 
@@ -56,7 +56,7 @@ fn pod_metadata_labels_samples_new_pods_are_picked_up_and_an_api_outage_keeps_pr
     .unwrap();
     let (local, status) = (dir.path("local"), free_address());
     let (grpc, query) = (free_address(), free_address());
-    let collector = CollectorProcess::start_with_http(grpc, query, &dir.path("data"), &[]);
+    let collector = CollectorProcess::start_with_http(grpc, query, &TestStore::embedded(&dir), &[]);
     let mut command = std::process::Command::new(ember_tests::agent_bin());
     command.env("NODE_NAME", &node).args(["run", "--config", config.to_str().unwrap(), "-F", "99", "--interval", "1s"]);
     command.args(["--output-dir", local.to_str().unwrap(), "--http", &status.to_string()]);

@@ -25,8 +25,8 @@ const AGENT: &[&[&str]] = &[
 const COLLECTOR: &[&[&str]] = &[
     &["allocations", "buckets", "embedded", "store", "tree"],
     &["query", "service", "labels", "series", "rollup"],
-    &["embedded_store", "pull", "https", "request"],
-    &["api", "ui"],
+    &["clickhouse", "embedded_store", "pull", "https", "request"],
+    &["api", "store_choice", "ui"],
     &["http"],
     &["offline", "server"],
     &["main", "lib", "fuzz"],

@@ -5,7 +5,7 @@ use std::{path::Path, process::Command, time::Duration};
 
 use ember_tests::{
     require_root,
-    transport::{collector_bin, free_address, make_pki, spool_is_empty, stop_agent as stop, stored, CollectorProcess},
+    transport::{collector_bin, free_address, make_pki, spool_is_empty, stop_agent as stop, stored, CollectorProcess, TestStore},
     Agent, TempDir,
 };
 
@@ -42,7 +42,7 @@ fn tls_and_mutual_tls_accept_the_right_certificates_and_refuse_the_wrong_ones() 
     // Server TLS: the right CA verifies the collector; another CA does not.
     let address = free_address();
     let args = tls_args(false);
-    let collector = CollectorProcess::start_with_http(address, free_address(), &dir.path("data1"), &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let collector = CollectorProcess::start_with_http(address, free_address(), &TestStore::Embedded(dir.path("data1")), &args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(push(address, &ca, None), Ok(()));
     assert!(push(address, &other_ca, None).is_err(), "a collector certificate from an unknown CA was accepted");
     collector.stop();
@@ -50,7 +50,7 @@ fn tls_and_mutual_tls_accept_the_right_certificates_and_refuse_the_wrong_ones() 
     // Mutual TLS: only agents with a certificate from the client CA get in.
     let address = free_address();
     let args = tls_args(true);
-    let collector = CollectorProcess::start_with_http(address, free_address(), &dir.path("data2"), &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let collector = CollectorProcess::start_with_http(address, free_address(), &TestStore::Embedded(dir.path("data2")), &args.iter().map(String::as_str).collect::<Vec<_>>());
     assert_eq!(push(address, &ca, Some((&cert, &key))), Ok(()));
     assert!(push(address, &ca, None).is_err(), "an agent without a certificate was accepted");
     assert!(push(address, &ca, Some((&other_cert, &other_key))).is_err(), "an agent certificate from another CA was accepted");
@@ -69,7 +69,7 @@ fn tls_and_mutual_tls_accept_the_right_certificates_and_refuse_the_wrong_ones() 
     stop(agent);
     assert!(spool_is_empty(&spool), "the agent could not push over mutual TLS");
     collector.stop();
-    assert!(stored(&dir.path("data2")).iter().filter(|(agent, _)| agent == "tls-agent").count() >= 3);
+    assert!(stored(&TestStore::Embedded(dir.path("data2"))).iter().filter(|(agent, _)| agent == "tls-agent").count() >= 3);
 }
 
 #[test]
@@ -112,7 +112,7 @@ fn collectors_pull_over_mutual_tls_with_the_token_and_are_refused_without() {
     let url = format!("https://localhost:{}", agent_address.rsplit(':').next().unwrap());
     let pull = |data: &str, ca: &Path, cert: &Path, key: &Path, token: &Path| {
         let args = ["--pull", &url, "--pull-tls-ca", &s(ca), "--pull-tls-cert", &s(cert), "--pull-tls-key", &s(key), "--pull-token-file", &s(token)];
-        CollectorProcess::start_with_http(free_address(), free_address(), &dir.path(&format!("data-{data}")), &args)
+        CollectorProcess::start_with_http(free_address(), free_address(), &TestStore::Embedded(dir.path(&format!("data-{data}"))), &args)
     };
     let collectors = [
         pull("good", &ca, &cert, &key, &token),
@@ -125,10 +125,10 @@ fn collectors_pull_over_mutual_tls_with_the_token_and_are_refused_without() {
         collector.stop();
     }
     stop(agent);
-    let good = stored(&dir.path("data-good"));
+    let good = stored(&TestStore::Embedded(dir.path("data-good")));
     assert!(good.len() >= 3 && good.iter().all(|(agent, _)| agent == "tls-pulled"), "{good:?}");
     for refused in ["foreign-client-cert", "distrusts-agent", "wrong-token"] {
-        assert_eq!(stored(&dir.path(&format!("data-{refused}"))), [], "{refused}: profiles pulled without the right certificates and token");
+        assert_eq!(stored(&TestStore::Embedded(dir.path(&format!("data-{refused}")))), [], "{refused}: profiles pulled without the right certificates and token");
     }
 }
 
@@ -139,7 +139,7 @@ fn the_query_api_serves_https_with_the_collectors_certificate() {
     let (other_ca, _, _) = make_pki(&dir.0, "other");
     let (address, http) = (free_address(), free_address());
     let args = ["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()];
-    let collector = CollectorProcess::start_with_http(address, http, &dir.path("data"), &args);
+    let collector = CollectorProcess::start_with_http(address, http, &TestStore::Embedded(dir.path("data")), &args);
     let curl = |ca: &Path, scheme: &str| {
         let url = format!("{scheme}://localhost:{}/healthz", http.port());
         Command::new("curl").args(["-sS", "--max-time", "5", "--cacert", ca.to_str().unwrap(), &url]).output().expect("running curl")

@@ -4,17 +4,25 @@ use std::{process::Command, time::Duration};
 
 use ember_tests::{
     http_get, http_get_with, require_root,
-    transport::{collector_bin, free_address, health_and_services, push_agent, spool_is_empty, stop_agent as stop, stored, CollectorProcess},
+    over_both_stores,
+    transport::{collector_bin, free_address, health_and_services, push_agent, spool_is_empty, stop_agent as stop, stored, CollectorProcess, TestStore},
     Agent, Decoded, Fixture, TempDir,
 };
 
+over_both_stores!(
+    pushed_profiles_are_stored_and_query_returns_the_fixtures_totals,
+    collector_outage_and_agent_restart_lose_nothing_and_store_each_profile_once,
+    bad_pushes_are_refused_without_crashing_or_losing_what_is_stored,
+    a_collector_pulls_from_an_agent_and_resumes_without_gaps_after_a_restart,
+    queries_are_bounded_and_overflowing_merges_are_errors,
+);
+
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
 
-#[test]
-fn pushed_profiles_are_stored_and_query_returns_the_fixtures_totals() {
+fn pushed_profiles_are_stored_and_query_returns_the_fixtures_totals(store: fn(&TempDir) -> TestStore) {
     require_root();
     let dir = TempDir::new("push");
-    let (address, data, spool, local) = (free_address(), dir.path("data"), dir.path("spool"), dir.path("local"));
+    let (address, data, spool, local) = (free_address(), store(&dir), dir.path("spool"), dir.path("local"));
     let http = free_address();
     let collector = CollectorProcess::start_with_http(address, http, &data, &[]);
     let mut fixture = Fixture::spawn(FIXTURE, "split", 2.0);
@@ -40,7 +48,9 @@ fn pushed_profiles_are_stored_and_query_returns_the_fixtures_totals() {
 
     let out = dir.path("merged.pb.gz");
     let query = Command::new(collector_bin())
-        .args(["query", "--data-dir", data.to_str().unwrap(), "--kind", "cpu", "--selector", "agent=test-agent"])
+        .arg("query")
+        .args(data.args())
+        .args(["--kind", "cpu", "--selector", "agent=test-agent"])
         .args(["--format", "pprof", "-o", out.to_str().unwrap()])
         .status()
         .unwrap();
@@ -58,11 +68,10 @@ fn fixture_pid(pid: &str) -> u32 {
     pid.parse().unwrap()
 }
 
-#[test]
-fn collector_outage_and_agent_restart_lose_nothing_and_store_each_profile_once() {
+fn collector_outage_and_agent_restart_lose_nothing_and_store_each_profile_once(store: fn(&TempDir) -> TestStore) {
     require_root();
     let dir = TempDir::new("outage");
-    let (address, data, spool) = (free_address(), dir.path("data"), dir.path("spool"));
+    let (address, data, spool) = (free_address(), store(&dir), dir.path("spool"));
     let collector = CollectorProcess::start(address, &data);
     let agent = push_agent(address, &spool, "test-agent", &["--pid", "1"]);
     std::thread::sleep(Duration::from_secs(3));
@@ -86,15 +95,14 @@ fn collector_outage_and_agent_restart_lose_nothing_and_store_each_profile_once()
     assert_eq!(rows, expected, "every profile exactly once, none missing");
 }
 
-#[test]
-fn bad_pushes_are_refused_without_crashing_or_losing_what_is_stored() {
+fn bad_pushes_are_refused_without_crashing_or_losing_what_is_stored(store: fn(&TempDir) -> TestStore) {
     use std::collections::HashMap;
 
     use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest};
     use tonic::Code;
 
     let dir = TempDir::new("bad-push");
-    let (address, data) = (free_address(), dir.path("data"));
+    let (address, data) = (free_address(), store(&dir));
     let collector = CollectorProcess::start(address, &data);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i64;
@@ -155,7 +163,7 @@ fn a_collector_with_a_token_refuses_pushes_and_queries_without_it() {
     use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, PushRequest};
 
     let dir = TempDir::new("token");
-    let (address, http, data, spool) = (free_address(), free_address(), dir.path("data"), dir.path("spool"));
+    let (address, http, data, spool) = (free_address(), free_address(), TestStore::embedded(&dir), dir.path("spool"));
     let (token_file, wrong_file) = (dir.path("token"), dir.path("wrong"));
     std::fs::write(&token_file, "s3cret-token\n").unwrap();
     std::fs::write(&wrong_file, "not-the-token\n").unwrap();
@@ -197,11 +205,10 @@ fn a_collector_with_a_token_refuses_pushes_and_queries_without_it() {
     assert!(rows.len() >= 4 && rows.iter().all(|(agent, _)| agent == "test-agent"), "{rows:?}");
 }
 
-#[test]
-fn a_collector_pulls_from_an_agent_and_resumes_without_gaps_after_a_restart() {
+fn a_collector_pulls_from_an_agent_and_resumes_without_gaps_after_a_restart(store: fn(&TempDir) -> TestStore) {
     require_root();
     let dir = TempDir::new("pull");
-    let (agent_address, data, spool) = (free_address(), dir.path("data"), dir.path("spool"));
+    let (agent_address, data, spool) = (free_address(), store(&dir), dir.path("spool"));
     let serve = agent_address.to_string();
     let args = ["run", "-F", "99", "--interval", "1s", "--serve", &serve, "--agent-id", "pulled-agent", "--pid", "1"];
     let mut agent = Agent::spawn(&[&args[..], &["--spool-dir", spool.to_str().unwrap()]].concat());
@@ -232,7 +239,7 @@ fn collector_and_pulled_agent_answer_grpc_health_checks_and_reflection() {
     require_root();
     let dir = TempDir::new("health");
     let (address, agent_address) = (free_address(), free_address());
-    let collector = CollectorProcess::start(address, &dir.path("data"));
+    let collector = CollectorProcess::start(address, &TestStore::embedded(&dir));
     let serve = agent_address.to_string();
     let spool = dir.path("spool");
     let mut agent = Agent::spawn(&["run", "--interval", "1s", "--serve", &serve, "--pid", "1", "--spool-dir", spool.to_str().unwrap()]);
@@ -253,12 +260,11 @@ fn collector_and_pulled_agent_answer_grpc_health_checks_and_reflection() {
 
 /// Queries are bounded (default and maximum range, concurrency, time) and values that would
 /// overflow a merge give a one-line error, not a wrong answer or a crash.
-#[test]
-fn queries_are_bounded_and_overflowing_merges_are_errors() {
+fn queries_are_bounded_and_overflowing_merges_are_errors(store: fn(&TempDir) -> TestStore) {
     use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest};
 
     let dir = TempDir::new("query-limits");
-    let (address, http, data) = (free_address(), free_address(), dir.path("data"));
+    let (address, http, data) = (free_address(), free_address(), store(&dir));
     // No roll-ups (they come a day after a bucket ends): the queries below must read every
     // profile, to be slow enough to overlap and to time out.
     let limits = ["--query-max-range-hours", "2", "--query-concurrency", "1", "--rollup-delay-seconds", "86400"];
@@ -356,7 +362,7 @@ fn the_collector_rolls_up_what_it_stored_and_answers_as_from_the_profiles() {
     use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest};
 
     let dir = TempDir::new("rollups");
-    let (address, http, data) = (free_address(), free_address(), dir.path("data"));
+    let (address, http, data) = (free_address(), free_address(), TestStore::embedded(&dir));
     let collector = CollectorProcess::start_with_http(address, http, &data, &[]);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     const NS: i64 = 1_000_000_000;

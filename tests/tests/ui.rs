@@ -13,7 +13,8 @@ use std::{
 use ember_tests::{
     browser::Browser,
     http_get, require_root,
-    transport::{free_address, push_agent, stop_agent, CollectorProcess},
+    over_both_stores,
+    transport::{free_address, push_agent, stop_agent, CollectorProcess, TestStore},
     Decoded, Fixture, TempDir,
 };
 use serde_json::{json, Value};
@@ -31,15 +32,17 @@ struct Recorded {
     http: SocketAddr,
     phases: [((u64, u64), f64); 2],
     _collector: CollectorProcess,
+    _store: TestStore,
     _dir: TempDir,
 }
 
 /// Runs the fixture at 70% hot_a, pauses 3 s, runs it at 30%, all profiled by an agent
 /// pushing 1 s profiles to a collector.
-fn record() -> Recorded {
+fn record(store: fn(&TempDir) -> TestStore) -> Recorded {
     let dir = TempDir::new("ui");
     let (address, http) = (free_address(), free_address());
-    let collector = CollectorProcess::start_with_http(address, http, &dir.path("data"), &[]);
+    let store = store(&dir);
+    let collector = CollectorProcess::start_with_http(address, http, &store, &[]);
     let fixtures = [70, 30].map(|percent| Fixture::spawn_with(Command::new(FIXTURE), "split", SECONDS, &[&percent.to_string()]));
     let pids: Vec<String> = fixtures.iter().map(|f| f.pid().to_string()).collect();
     let agent = push_agent(address, &dir.path("spool"), "ui-agent", &["--pid", &pids[0], "--pid", &pids[1]]);
@@ -55,7 +58,7 @@ fn record() -> Recorded {
         std::thread::sleep(Duration::from_secs(3));
     }
     stop_agent(agent);
-    Recorded { http, phases: [phases[0], phases[1]], _collector: collector, _dir: dir }
+    Recorded { http, phases: [phases[0], phases[1]], _collector: collector, _store: store, _dir: dir }
 }
 
 fn json_get(http: SocketAddr, path: &str) -> Value {
@@ -102,10 +105,11 @@ fn assert_near(what: &str, measured: f64, truth: f64, points: f64) {
     assert!((measured - truth).abs() <= points / 100.0, "{what}: {:.1}% against {:.1}% (allowed {points} points)", measured * 100.0, truth * 100.0);
 }
 
-#[test]
-fn the_page_shows_the_profile_and_follows_search_zoom_drag_diff_and_tables() {
+over_both_stores!(the_page_shows_the_profile_and_follows_search_zoom_drag_diff_and_tables);
+
+fn the_page_shows_the_profile_and_follows_search_zoom_drag_diff_and_tables(store: fn(&TempDir) -> TestStore) {
     require_root();
-    let recorded = record();
+    let recorded = record(store);
     let http = recorded.http;
     let [((a_from, a_to), a_share), ((b_from, b_to), b_share)] = recorded.phases;
     let a_range = format!("from={a_from}&to={a_to}");

@@ -8,10 +8,10 @@ use ember_proto::ember::AgentIdentity;
 use prost::Message;
 use redb::{ReadableDatabase, ReadableTable};
 
-use super::{origin, rollup_buckets::Buckets, EmbeddedStore, StoredProfile, CONTIGUOUS, DELIVERED, PROFILES};
+use super::{rollup_buckets::Buckets, EmbeddedStore, StoredProfile, CONTIGUOUS, DELIVERED, PROFILES};
 use crate::{
     buckets::{bucket, LEVELS},
-    store::{Checked, Stored},
+    store::{origin, Checked, Stored},
 };
 
 impl EmbeddedStore {

@@ -45,15 +45,6 @@ const ROLLED: TableDefinition<(u64, u64), u64> = TableDefinition::new("rolled");
 /// every profile stored in the bucket, so a roll-up built meanwhile is not taken as complete.
 const PENDING: TableDefinition<(u64, u64), u64> = TableDefinition::new("pending");
 
-/// Where a profile's sequence number counts: its spool, or for agents that send no spool id,
-/// the agent.
-pub fn origin(agent: &AgentIdentity) -> String {
-    match agent.spool_id {
-        0 => agent.agent_id.clone(),
-        id => format!("spool:{id:016x}"),
-    }
-}
-
 /// A stored profile: the agent's message plus who sent it.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct StoredProfile {

@@ -11,7 +11,7 @@ use std::{
 use anyhow::Result;
 use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest};
 use ember_tests::{
-    transport::{free_address, CollectorProcess},
+    transport::{free_address, CollectorProcess, TestStore},
     Decoded,
 };
 use prost::Message;
@@ -51,7 +51,7 @@ pub fn run() -> Result<()> {
     println!("bench transport: recording a real 10 s profile (2 busy processes, 99 Hz)...");
     let (pprof, samples) = real_profile(&dir)?;
     let (grpc, http) = (free_address(), free_address());
-    let _collector = CollectorProcess::start_with_http(grpc, http, &dir.join("data"), &[]);
+    let _collector = CollectorProcess::start_with_http(grpc, http, &TestStore::Embedded(dir.join("data")), &[]);
 
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as i64;
     let profile = |host: usize, interval: usize| Profile {

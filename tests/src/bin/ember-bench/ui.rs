@@ -19,7 +19,7 @@ use ember_proto::{
 use ember_tests::{
     browser::Browser,
     http_get,
-    transport::{collector_bin, free_address, CollectorProcess},
+    transport::{collector_bin, free_address, CollectorProcess, TestStore},
     usage,
 };
 use prost::Message as _;
@@ -176,7 +176,7 @@ fn percentiles(mut values: Vec<f64>) -> (f64, f64, f64) {
 pub fn run() -> Result<()> {
     let dir = empty_dir("ui")?;
     let (grpc, http) = (free_address(), free_address());
-    let collector = CollectorProcess::start_with_http(grpc, http, &dir.join("data"), &[]);
+    let collector = CollectorProcess::start_with_http(grpc, http, &TestStore::Embedded(dir.join("data")), &[]);
     println!("bench ui: pushing 1 h of 10 s profiles from {HOSTS} hosts ({} profiles)...", HOSTS * INTERVALS);
     let cpu_before = usage::process_cpu_seconds(collector.pid());
     let pushed = fill(grpc)?;

@@ -1,0 +1,79 @@
+//! ClickHouse as the collector's store, for fleets: any number of collectors share one
+//! ClickHouse (or a cluster of them) and none keeps state another needs. Profiles are stored
+//! as rows (`schema`), exactly once across collectors (`ingest`), and queries run where the
+//! data is (`reads`, over selections bound in `select`); retention drops days (`retention`).
+//! `client` speaks ClickHouse's HTTP interface, in `row_binary` both ways, and `stacks` turns
+//! a profile into rows and rows into a profile.
+mod client;
+mod ingest;
+mod reads;
+mod retention;
+mod row_binary;
+mod schema;
+mod select;
+mod stacks;
+
+use std::{sync::atomic::AtomicU64, time::Instant};
+
+use anyhow::{Context as _, Result};
+use ember_proto::{ember::AgentIdentity, pprof};
+
+pub use client::Connection;
+pub use schema::statements;
+
+use crate::store::{Checked, Labels, Points, ProfileStore, Selection, Stored};
+
+pub struct ClickHouse {
+    client: client::Client,
+    /// Checked: names are spliced into statements.
+    database: String,
+    /// Profiles that start before this (unix ns) are past retention.
+    horizon: AtomicU64,
+}
+
+impl ClickHouse {
+    /// Connects and creates the schema where it is missing (a no-op where it exists, so any
+    /// number of collectors may start at once).
+    pub fn open(connection: &Connection, database: &str) -> Result<ClickHouse> {
+        let database = schema::identifier("ClickHouse database", database)?.to_string();
+        let client = client::Client::new(connection)?;
+        for statement in statements(&database) {
+            client.query(&statement, &[], None).with_context(|| format!("creating Ember's tables in ClickHouse at {}", connection.url))?;
+        }
+        Ok(ClickHouse { client, database, horizon: AtomicU64::new(0) })
+    }
+}
+
+impl ProfileStore for ClickHouse {
+    fn put(&self, agent: &AgentIdentity, profiles: &[Checked]) -> Result<Stored> {
+        ClickHouse::put(self, agent, profiles)
+    }
+
+    fn stored_through(&self, agent: &AgentIdentity) -> Result<u64> {
+        self.watermark(&crate::store::origin(agent))
+    }
+
+    fn visit_merged(&self, selection: &Selection, deadline: Option<Instant>, visit: &mut dyn FnMut(pprof::Profile) -> Result<()>) -> Result<usize> {
+        let Some((profile, count)) = self.merged(selection, deadline)? else { return Ok(0) };
+        visit(profile)?;
+        Ok(count)
+    }
+
+    fn points(&self, selection: &Selection, value: usize, group_by: Option<&str>, deadline: Option<Instant>) -> Result<Points> {
+        ClickHouse::points(self, selection, value, group_by, deadline)
+    }
+
+    fn labels(&self, kind: &str, range: (u64, u64), deadline: Instant) -> Result<Labels> {
+        ClickHouse::labels(self, kind, range, deadline)
+    }
+
+    /// By age only: ClickHouse's disk is its operator's to bound.
+    fn enforce_retention(&self, oldest: u64, _max_bytes: u64) -> Result<usize> {
+        ClickHouse::enforce_retention(self, oldest)
+    }
+
+    /// Queries read the sample rows themselves: there is nothing to build.
+    fn roll_due(&self, _now: u64, _delay: u64) -> Result<usize> {
+        Ok(0)
+    }
+}

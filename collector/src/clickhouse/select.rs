@@ -1,0 +1,66 @@
+//! A selection as SQL: the text depends only on the number of selector terms, and the kind,
+//! the terms and any other string a request brings travel in external tables (`args`, one
+//! row; `terms`, one row per term), so no request can change what a statement does. Range
+//! bounds are integers the collector formats itself.
+use anyhow::{bail, Result};
+
+use super::{client::External, row_binary::Writer};
+use crate::store::Selection;
+
+/// Selector terms one query may carry.
+pub const MAX_TERMS: usize = 32;
+
+/// A bound selection: its WITH list and conditions, and the tables that carry its values.
+pub struct Bound<'a> {
+    /// Scalars for the statement's WITH: `the_kind`, `the_group`, and `k{i}`, `v{i}` per term.
+    pub with: String,
+    /// Conditions on the samples table: kind, range, the copy each profile is read from, terms.
+    pub samples: String,
+    /// Conditions on the profiles table: kind and range.
+    pub profiles: String,
+    pub external: Vec<External<'a>>,
+}
+
+/// Binds `selection`, and `group` (a label name, or "" for none) as `the_group`.
+pub fn bind<'a>(database: &str, selection: &Selection, group: &str) -> Result<Bound<'a>> {
+    if selection.selector.len() > MAX_TERMS {
+        bail!("a selector may have at most {MAX_TERMS} terms");
+    }
+    let (from, to) = selection.range;
+    let mut args = Writer::default();
+    args.str(selection.kind).str(group);
+    let mut terms = Writer::default();
+    let mut with = vec!["(SELECT kind FROM args) AS the_kind".to_string(), "(SELECT group_by FROM args) AS the_group".to_string()];
+    let range = format!("start_ns >= {from} AND start_ns < {to}");
+    let profiles = format!("kind = (SELECT kind FROM args) AND {range}");
+    // Each (origin, sequence) is read from one copy: the smallest attempt stored.
+    let mut samples = vec![
+        format!("kind = the_kind AND {range}"),
+        format!("(origin, sequence, attempt) IN (SELECT origin, sequence, min(attempt) FROM {database}.profiles WHERE {profiles} GROUP BY origin, sequence)"),
+    ];
+    for (i, (key, value)) in selection.selector.iter().enumerate() {
+        terms.u32(i as u32).str(key).str(value);
+        with.push(format!("(SELECT key FROM terms WHERE n = {i}) AS k{i}"));
+        with.push(format!("(SELECT value FROM terms WHERE n = {i}) AS v{i}"));
+        // The profile's own label decides where it has the key; else its samples'.
+        samples.push(format!(
+            "multiIf(k{i} = 'agent', agent = v{i}, k{i} = 'host', host = v{i}, has(label_keys, k{i}), label_values[indexOf(label_keys, k{i})] = v{i}, \
+has(sample_keys, k{i}) AND sample_values[indexOf(sample_keys, k{i})] = v{i})"
+        ));
+    }
+    Ok(Bound {
+        with: with.join(", "),
+        samples: samples.join(" AND "),
+        profiles,
+        external: vec![
+            External { name: "args", structure: "kind String, group_by String", rows: args },
+            External { name: "terms", structure: "n UInt32, key String, value String", rows: terms },
+        ],
+    })
+}
+
+/// A label's value for a row of the samples table: the profile's where it has the label
+/// (agent, host, its own labels), else the sample's, else "[none]".
+pub const GROUP_VALUE: &str = "multiIf(the_group = 'agent', agent, the_group = 'host', host, \
+has(label_keys, the_group), label_values[indexOf(label_keys, the_group)], \
+has(sample_keys, the_group), sample_values[indexOf(sample_keys, the_group)], '[none]')";

@@ -1,0 +1,100 @@
+//! ClickHouse servers for the tests: Debian's `clickhouse-server` (installed by setup), each
+//! started on loopback ports of its own with its data in the test's directory, and killed
+//! when dropped.
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::transport::free_address;
+
+pub struct ClickHouseServer {
+    child: Child,
+    pub http: SocketAddr,
+    pub tcp: SocketAddr,
+    dir: PathBuf,
+}
+
+impl ClickHouseServer {
+    /// Starts a server with its data under `dir`; `remote_servers` is XML put in the config
+    /// as is (a cluster's shards), or "".
+    pub fn start(dir: &Path, remote_servers: &str) -> ClickHouseServer {
+        let (http, tcp, interserver) = (free_address(), free_address(), free_address());
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        let d = dir.display();
+        let config = format!(
+            "<yandex>
+  <logger><level>warning</level><log>{d}/server.log</log><errorlog>{d}/error.log</errorlog></logger>
+  <listen_host>127.0.0.1</listen_host>
+  <http_port>{}</http_port><tcp_port>{}</tcp_port><interserver_http_port>{}</interserver_http_port>
+  <path>{d}/data/</path><tmp_path>{d}/tmp/</tmp_path>
+  <users_config>/etc/clickhouse-server/users.xml</users_config>
+  <default_profile>default</default_profile><default_database>default</default_database>
+  <mark_cache_size>5368709120</mark_cache_size>
+  <remote_servers>{remote_servers}</remote_servers>
+</yandex>
+",
+            http.port(),
+            tcp.port(),
+            interserver.port()
+        );
+        std::fs::write(dir.join("config.xml"), config).unwrap();
+        let child = Command::new("clickhouse-server")
+            .arg(format!("--config-file={}", dir.join("config.xml").display()))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
+            .spawn()
+            .expect("starting clickhouse-server (`cargo xtask setup` installs Debian's clickhouse-server)");
+        let server = ClickHouseServer { child, http, tcp, dir: dir.to_path_buf() };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while server.try_query("SELECT 1").as_deref() != Ok("1\n") {
+            let log = std::fs::read_to_string(dir.join("error.log")).unwrap_or_default();
+            assert!(Instant::now() < deadline, "clickhouse-server did not answer within 30 s: {}", log.lines().last().unwrap_or(""));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        server
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.http)
+    }
+
+    /// Runs one statement; its answer as text, or the server's error.
+    pub fn try_query(&self, sql: &str) -> Result<String, String> {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "60", "--data-binary", sql, "-w", "\n%{http_code}", &self.url()])
+            .output()
+            .expect("running curl");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, status) = text.rsplit_once('\n').unwrap_or(("", ""));
+        match status {
+            "200" => Ok(body.to_string()),
+            _ => Err(format!("{status}: {body}{}", String::from_utf8_lossy(&out.stderr))),
+        }
+    }
+
+    pub fn query(&self, sql: &str) -> String {
+        self.try_query(sql).unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Stops the server (SIGKILL), keeping its data for a restart with `start` on the same
+    /// directory.
+    pub fn kill(mut self) -> PathBuf {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.dir.clone()
+    }
+}
+
+impl Drop for ClickHouseServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
