@@ -51,6 +51,11 @@ impl ProfileStore for Embedded {
         self.store.enforce_retention(oldest, max_bytes)
     }
 
+    /// The database is open for as long as the collector runs.
+    fn ready(&self) -> Result<()> {
+        Ok(())
+    }
+
     fn roll_due(&self, now: u64, delay: u64) -> Result<usize> {
         self.roller.lock().unwrap_or_else(|e| e.into_inner()).roll_due(&self.store, now, delay)
     }

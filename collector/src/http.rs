@@ -42,7 +42,23 @@ pub fn router(store: Arc<dyn ProfileStore>, limits: QueryLimits, token: Option<S
                 }
             }
         }));
-    Router::new().route("/healthz", get(|| async { "ok\n" })).merge(ui::routes()).merge(queries).with_state(api)
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready_handler))
+        .merge(ui::routes())
+        .merge(queries)
+        .with_state(api)
+}
+
+/// Ready when the store is: a collector whose ClickHouse is away says why (503), so that a
+/// load balancer sends agents to another.
+async fn ready_handler(State(api): State<Arc<Api>>) -> Response {
+    let store = api.store.clone();
+    match tokio::task::spawn_blocking(move || store.ready()).await {
+        Ok(Ok(())) => "ready\n".into_response(),
+        Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e:#}")),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+    }
 }
 
 /// Merges a range, within the query limits. `from` and `to` are unix seconds.

@@ -30,7 +30,7 @@ mod ui;
 #[cfg(fuzzing)]
 pub mod fuzz;
 
-use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
+use std::{io::Write as _, net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -52,7 +52,7 @@ enum Command {
         /// gRPC address agents push to.
         #[arg(long, default_value = "127.0.0.1:7070")]
         listen: SocketAddr,
-        /// HTTP address of the query API (/query, /diff, /healthz).
+        /// HTTP address of the query API (/query, /diff, /healthz, /readyz).
         #[arg(long, default_value = "127.0.0.1:7071")]
         http: SocketAddr,
         #[command(flatten)]
@@ -118,6 +118,11 @@ enum Command {
         #[command(flatten)]
         store: StoreArgs,
     },
+    /// ClickHouse as the store: the statements that make Ember's schema.
+    Clickhouse {
+        #[command(subcommand)]
+        command: ClickhouseCommand,
+    },
     /// Merge the stored profiles of one kind that match a selector and time range.
     Query {
         #[command(flatten)]
@@ -142,6 +147,17 @@ enum Command {
         /// Output file.
         #[arg(short, long)]
         output: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClickhouseCommand {
+    /// Print the statements `serve --clickhouse` runs at start (each is a no-op where its
+    /// object exists), for a DBA to review or run first.
+    Schema {
+        /// The database they create and fill.
+        #[arg(long, default_value = "ember")]
+        database: String,
     },
 }
 
@@ -222,6 +238,10 @@ pub fn main() -> ExitCode {
                 Err(error) => Err(error),
             }
         }
+        Command::Clickhouse { command: ClickhouseCommand::Schema { database } } => clickhouse::statements(&database).and_then(|statements| {
+            let mut out = std::io::stdout().lock();
+            statements.iter().try_for_each(|statement| writeln!(out, "{statement};\n")).map_err(Into::into)
+        }),
         Command::List { store } => store.choice().and_then(offline::list),
         Command::Query { store, kind, selector, from, to, format, output } => {
             store.choice().and_then(|store| offline::run_query(store, kind, selector, from, to, format, output))

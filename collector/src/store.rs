@@ -108,6 +108,9 @@ pub trait ProfileStore: Send + Sync {
     /// `max_bytes` where the store bounds its own size; returns how many.
     fn enforce_retention(&self, oldest: u64, max_bytes: u64) -> Result<usize>;
 
+    /// Whether the store can take profiles and answer queries now; the reason if not.
+    fn ready(&self) -> Result<()>;
+
     /// Builds the roll-ups of time buckets that ended `delay` before `now` (unix ns); returns
     /// how many it built.
     fn roll_due(&self, now: u64, delay: u64) -> Result<usize>;

@@ -41,20 +41,28 @@ impl ClickHouseServer {
             interserver.port()
         );
         std::fs::write(dir.join("config.xml"), config).unwrap();
-        let child = Command::new("clickhouse-server")
+        let mut server = ClickHouseServer { child: ClickHouseServer::spawn(dir), http, tcp, dir: dir.to_path_buf() };
+        server.wait_ready();
+        server
+    }
+
+    fn spawn(dir: &Path) -> Child {
+        Command::new("clickhouse-server")
             .arg(format!("--config-file={}", dir.join("config.xml").display()))
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
+            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(dir.join("stderr.log")).unwrap())
             .spawn()
-            .expect("starting clickhouse-server (`cargo xtask setup` installs Debian's clickhouse-server)");
-        let server = ClickHouseServer { child, http, tcp, dir: dir.to_path_buf() };
+            .expect("starting clickhouse-server (`cargo xtask setup` installs Debian's clickhouse-server)")
+    }
+
+    fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
-        while server.try_query("SELECT 1").as_deref() != Ok("1\n") {
-            let log = std::fs::read_to_string(dir.join("error.log")).unwrap_or_default();
+        while self.try_query("SELECT 1").as_deref() != Ok("1\n") {
+            let log = std::fs::read_to_string(self.dir.join("error.log")).unwrap_or_default();
             assert!(Instant::now() < deadline, "clickhouse-server did not answer within 30 s: {}", log.lines().last().unwrap_or(""));
+            assert!(self.child.try_wait().unwrap().is_none(), "clickhouse-server exited: {}", log.lines().last().unwrap_or(""));
             std::thread::sleep(Duration::from_millis(100));
         }
-        server
     }
 
     pub fn dir(&self) -> &Path {
@@ -83,12 +91,17 @@ impl ClickHouseServer {
         self.try_query(sql).unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
 
-    /// Stops the server (SIGKILL), keeping its data for a restart with `start` on the same
-    /// directory.
-    pub fn kill(mut self) -> PathBuf {
+    /// Stops the server at once (SIGKILL), as a crash or a lost host would.
+    pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        self.dir.clone()
+    }
+
+    /// Starts it again on its ports and data.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.child = ClickHouseServer::spawn(&self.dir);
+        self.wait_ready();
     }
 }
 

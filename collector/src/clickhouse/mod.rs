@@ -25,7 +25,7 @@ use crate::store::{Checked, Labels, Points, ProfileStore, Selection, Stored};
 
 pub struct ClickHouse {
     client: client::Client,
-    /// Checked: names are spliced into statements.
+    /// Checked by `statements`: names are spliced into statements.
     database: String,
     /// Profiles that start before this (unix ns) are past retention.
     horizon: AtomicU64,
@@ -35,12 +35,11 @@ impl ClickHouse {
     /// Connects and creates the schema where it is missing (a no-op where it exists, so any
     /// number of collectors may start at once).
     pub fn open(connection: &Connection, database: &str) -> Result<ClickHouse> {
-        let database = schema::identifier("ClickHouse database", database)?.to_string();
         let client = client::Client::new(connection)?;
-        for statement in statements(&database) {
+        for statement in statements(database)? {
             client.query(&statement, &[], None).with_context(|| format!("creating Ember's tables in ClickHouse at {}", connection.url))?;
         }
-        Ok(ClickHouse { client, database, horizon: AtomicU64::new(0) })
+        Ok(ClickHouse { client, database: database.to_string(), horizon: AtomicU64::new(0) })
     }
 }
 
@@ -70,6 +69,11 @@ impl ProfileStore for ClickHouse {
     /// By age only: ClickHouse's disk is its operator's to bound.
     fn enforce_retention(&self, oldest: u64, _max_bytes: u64) -> Result<usize> {
         ClickHouse::enforce_retention(self, oldest)
+    }
+
+    fn ready(&self) -> Result<()> {
+        let deadline = Instant::now() + std::time::Duration::from_secs(2);
+        self.client.query("SELECT 1", &[], Some(deadline)).map(drop).context("ClickHouse is not answering")
     }
 
     /// Queries read the sample rows themselves: there is nothing to build.

@@ -22,8 +22,9 @@ const PROFILE_KEY: &str = "day Date, start_ns UInt64, end_ns UInt64, kind String
 agent String, host String, label_keys Array(String), label_values Array(String)";
 
 /// The statements that create the schema in `database`, in order.
-pub fn statements(database: &str) -> Vec<String> {
-    vec![
+pub fn statements(database: &str) -> Result<Vec<String>> {
+    let database = identifier("ClickHouse database", database)?;
+    Ok(vec![
         format!("CREATE DATABASE IF NOT EXISTS {database}"),
         // One row per stored copy of a profile: its sample types and totals, and which
         // (origin, sequence) it is. Written last, after its samples: a copy is readable once
@@ -50,7 +51,7 @@ ENGINE = ReplacingMergeTree PARTITION BY day ORDER BY stack"
         // How far each spool is stored without a gap: never dropped with the days, so that a
         // retry of a profile past retention is still known as a duplicate.
         format!("CREATE TABLE IF NOT EXISTS {database}.watermarks (origin String, through UInt64) ENGINE = ReplacingMergeTree(through) ORDER BY origin"),
-    ]
+    ])
 }
 
 #[cfg(test)]

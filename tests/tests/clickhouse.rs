@@ -1,0 +1,203 @@
+//! ClickHouse as the collector's store, beyond what every store answers (those tests run over
+//! both stores in transport.rs and ui.rs): collectors sharing one ClickHouse store each profile
+//! once even when both take it at the same moment; retention drops whole days; selectors that
+//! try to reach the SQL are data, never SQL; and ClickHouse going away loses and doubles
+//! nothing. Each test starts its own clickhouse-server on loopback.
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::Barrier,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest, PushResponse};
+use ember_tests::{
+    folded_total, http_get, one_sample_pprof_gzip, require_root,
+    transport::{free_address, push_agent, spool_is_empty, stop_agent, stored, CollectorProcess, TestStore},
+    TempDir,
+};
+
+const NS: i64 = 1_000_000_000;
+
+fn now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64
+}
+
+/// A 10 s cpu profile starting at `start` (unix s) whose one sample weighs `value`.
+fn profile(sequence: u64, start: i64, value: i64, labels: &[(&str, &str)]) -> Profile {
+    Profile {
+        sequence,
+        kind: "cpu".into(),
+        start_unix_nanos: start * NS,
+        end_unix_nanos: (start + 10) * NS,
+        labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<HashMap<_, _>>(),
+        pprof_gzip: one_sample_pprof_gzip(value),
+    }
+}
+
+fn push(address: SocketAddr, agent: &str, spool_id: u64, profiles: Vec<Profile>) -> PushResponse {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let mut client = CollectorClient::connect(format!("http://{address}")).await.unwrap();
+        let agent = AgentIdentity { agent_id: agent.into(), hostname: agent.into(), spool_id, ..Default::default() };
+        client.push(PushRequest { agent: Some(agent), profiles }).await.unwrap().into_inner()
+    })
+}
+
+fn server(store: &TestStore) -> &ember_tests::clickhouse::ClickHouseServer {
+    match store {
+        TestStore::ClickHouse { server, .. } => server,
+        TestStore::Embedded(_) => unreachable!("a ClickHouse store"),
+    }
+}
+
+/// The folded total a collector answers for a selection of the last hour.
+fn total(http: SocketAddr, query: &str) -> (u16, i64) {
+    let (status, body) = http_get(http, &format!("/query?kind=cpu&format=folded&from={}&to={}&{query}", now() - 3600, now() + 1));
+    (status, if status == 200 { folded_total(&String::from_utf8_lossy(&body)) } else { 0 })
+}
+
+#[test]
+fn two_collectors_taking_the_same_profiles_at_once_store_them_once() {
+    let dir = TempDir::new("ch-twice");
+    let store = TestStore::clickhouse(&dir);
+    let (grpc, http) = ([free_address(), free_address()], [free_address(), free_address()]);
+    let _collectors = [0, 1].map(|i| CollectorProcess::start_with_http(grpc[i], http[i], &store, &[]));
+    // Ten rounds of five profiles of one spool, each pushed to both collectors at the same
+    // moment: an agent that timed out on one and resent to the other.
+    let start = now() - 1200;
+    for round in 0..10u64 {
+        let batch: Vec<Profile> = (1..=5).map(|i| round * 5 + i).map(|n| profile(n, start + n as i64 * 10, n as i64, &[])).collect();
+        let barrier = Barrier::new(2);
+        let answers: Vec<PushResponse> = std::thread::scope(|scope| {
+            let (barrier, batch) = (&barrier, &batch);
+            let pushes: Vec<_> = grpc
+                .iter()
+                .map(|&address| {
+                    scope.spawn(move || {
+                        barrier.wait();
+                        push(address, "twice", 7, batch.clone())
+                    })
+                })
+                .collect();
+            pushes.into_iter().map(|p| p.join().unwrap()).collect()
+        });
+        for answer in answers {
+            assert!(answer.refused.is_empty() && answer.held.len() == 5, "{answer:?}");
+        }
+    }
+    let copies: u64 = server(&store).query("SELECT count() FROM ember_test.profiles").trim().parse().unwrap();
+    eprintln!("{copies} copies of 50 profiles stored by the race");
+    // And a second copy of every profile with every value doubled, as a collector that lost a
+    // race would have written under a later attempt: reads must keep one copy, never sum them.
+    let columns = "day, start_ns, end_ns, kind, origin, sequence, attempt + 1, agent, host, label_keys, label_values";
+    server(&store).query(&format!(
+        "INSERT INTO ember_test.samples SELECT {columns}, sample_keys, sample_values, sample_num_keys, sample_nums, stack, arrayMap(x -> x * 2, values) FROM ember_test.samples"
+    ));
+    server(&store).query(&format!(
+        "INSERT INTO ember_test.profiles SELECT {columns}, sample_types, sample_units, period_type, period_unit, period, totals, samples FROM ember_test.profiles"
+    ));
+    let expected: i64 = (1..=50).sum();
+    for http in http {
+        assert_eq!(total(http, ""), (200, expected), "each profile once, whichever collector answers");
+        let (status, body) = http_get(http, &format!("/api/series?kind=cpu&from={}&to={}", now() - 3600, now() + 1));
+        let series: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!((status, series["profiles"].as_u64()), (200, Some(50)), "{series}");
+        let values: i64 = series["lines"][0]["values"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).sum();
+        assert_eq!(values, expected);
+    }
+    let rows = stored(&store);
+    assert_eq!(rows, (1..=50).map(|n| ("twice".to_string(), n)).collect::<Vec<_>>());
+}
+
+#[test]
+fn retention_drops_whole_days_and_a_late_retry_is_not_stored_again() {
+    let dir = TempDir::new("ch-retention");
+    let store = TestStore::clickhouse(&dir);
+    let (grpc, http) = (free_address(), free_address());
+    let collector = CollectorProcess::start_with_http(grpc, http, &store, &[]);
+    let three_days_ago = now() - 3 * 86_400;
+    let old: Vec<Profile> = (1..=3).map(|n| profile(n, three_days_ago + n as i64 * 10, 1, &[])).collect();
+    let recent: Vec<Profile> = (4..=5).map(|n| profile(n, now() - 100 + n as i64, 1, &[])).collect();
+    assert_eq!(push(grpc, "kept", 9, [old.clone(), recent].concat()).stored_through, 5);
+    collector.stop();
+    assert_eq!(stored(&store).len(), 5);
+    // Retention runs when a collector starts, then every minute.
+    let _collector = CollectorProcess::start_with_http(grpc, http, &store, &["--retention-hours", "24"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while stored(&store).len() != 2 {
+        assert!(Instant::now() < deadline, "the old day is still stored: {:?}", stored(&store));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let partitions = server(&store).query("SELECT count() FROM system.parts WHERE database = 'ember_test' AND table != 'watermarks' AND active AND toUInt16(max_date) < toUInt16(today()) - 1");
+    assert_eq!(partitions.trim(), "0", "parts of dropped days remain");
+    let retry = push(grpc, "kept", 9, vec![old[0].clone()]);
+    assert_eq!((retry.stored_through, retry.duplicates), (5, 1));
+    assert_eq!(stored(&store), [("kept".to_string(), 4), ("kept".to_string(), 5)]);
+}
+
+#[test]
+fn selectors_and_parameters_that_try_to_reach_the_sql_are_only_data() {
+    let dir = TempDir::new("ch-hostile");
+    let store = TestStore::clickhouse(&dir);
+    let (grpc, http) = (free_address(), free_address());
+    let _collector = CollectorProcess::start_with_http(grpc, http, &store, &[]);
+    push(grpc, "quoted", 1, vec![profile(1, now() - 60, 7, &[("team", "o'brien\\")])]);
+    push(grpc, "plain", 2, vec![profile(1, now() - 60, 11, &[("team", "x")])]);
+    let encode = |text: &str| text.bytes().map(|b| format!("%{b:02X}")).collect::<String>();
+    assert_eq!(total(http, ""), (200, 18));
+    // A value with a quote and a backslash is a value like any other.
+    assert_eq!(total(http, &format!("selector={}", encode("team=o'brien\\"))), (200, 7));
+    for hostile in ["team=x' OR '1'='1", "team=x\\' OR 1=1 --", "x') OR 1=1 --=1", "team=x'; DROP TABLE ember_test.samples; --", "host=plain' AND sleep(3) = 0 --"] {
+        assert_eq!(total(http, &format!("selector={}", encode(hostile))).0, 404, "{hostile}");
+    }
+    for kind in ["cpu' OR '1'='1", "cpu') --", "cpu\\"] {
+        let (status, _) = http_get(http, &format!("/query?kind={}&format=folded", encode(kind)));
+        assert_eq!(status, 404, "{kind}");
+        let (status, body) = http_get(http, &format!("/api/labels?kind={}", encode(kind)));
+        assert_eq!((status, String::from_utf8_lossy(&body).as_ref()), (200, r#"{"labels":{},"truncated":[]}"#), "{kind}");
+    }
+    let (status, body) = http_get(http, &format!("/api/series?kind=cpu&group_by={}", encode("team') --")));
+    assert!(status == 200 && String::from_utf8_lossy(&body).contains("[none]"), "{status} {}", String::from_utf8_lossy(&body));
+    // Too many terms: refused in one line.
+    let many: Vec<String> = (0..33).map(|i| format!("k{i}=v")).collect();
+    let (status, body) = http_get(http, &format!("/query?kind=cpu&format=folded&selector={}", encode(&many.join(","))));
+    let text = String::from_utf8_lossy(&body);
+    assert!((400..500).contains(&status) && text.contains("at most 32 terms") && text.trim_end().lines().count() == 1, "{status} {text}");
+    // Everything is still there.
+    assert_eq!(total(http, ""), (200, 18));
+    assert_eq!(stored(&store).len(), 2);
+}
+
+#[test]
+fn clickhouse_away_for_20_s_loses_and_doubles_nothing_and_readyz_says_why() {
+    require_root();
+    let dir = TempDir::new("ch-outage");
+    let mut store = TestStore::clickhouse(&dir);
+    let (grpc, http, spool) = (free_address(), free_address(), dir.path("spool"));
+    let collector = CollectorProcess::start_with_http(grpc, http, &store, &[]);
+    let agent = push_agent(grpc, &spool, "outage-agent", &["--pid", "1"]);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(http_get(http, "/readyz"), (200, b"ready\n".to_vec()));
+    let TestStore::ClickHouse { server, .. } = &mut store else { unreachable!() };
+    server.kill();
+    let away = Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    let (status, body) = http_get(http, "/readyz");
+    let text = String::from_utf8_lossy(&body);
+    assert!(status == 503 && text.starts_with("not ready: ClickHouse is not answering") && text.trim_end().lines().count() == 1, "{status} {text}");
+    assert_eq!(http_get(http, "/healthz").0, 200, "the collector itself is alive");
+    std::thread::sleep(Duration::from_secs(20).saturating_sub(away.elapsed()));
+    assert!(!spool_is_empty(&spool), "nothing was spooled while ClickHouse was away");
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !spool_is_empty(&spool) {
+        assert!(Instant::now() < deadline, "the spool was not delivered within 60 s of ClickHouse's return");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    stop_agent(agent);
+    collector.stop();
+    let made: u64 = std::fs::read_to_string(spool.join("next-sequence")).unwrap().trim().parse::<u64>().unwrap() - 1;
+    assert!(made >= 25, "only {made} profiles in ~25 s at 1 s intervals");
+    assert_eq!(stored(&store), (1..=made).map(|n| ("outage-agent".to_string(), n)).collect::<Vec<_>>(), "every profile once");
+}
