@@ -37,9 +37,11 @@ pub struct RunArgs {
     #[arg(long)]
     pub flamegraphs: bool,
     /// Push profiles to this collector (e.g. http://127.0.0.1:7070); local files are then
-    /// written only if --output-dir is given.
+    /// written only if --output-dir is given. Repeat it (or give a host name with several
+    /// addresses) for collectors that share a store: a failed or timed-out push goes on to the
+    /// next.
     #[arg(long)]
-    pub push: Option<String>,
+    pub push: Vec<String>,
     /// Where profiles wait until the collector has them [default: ./ember-spool].
     #[arg(long)]
     pub spool_dir: Option<PathBuf>,

@@ -71,7 +71,7 @@ fn read(path: &Path) -> Result<Vec<u8>> {
 }
 
 /// "h" of "scheme://h:port/path" ("::1" of "http://[::1]:7070").
-fn url_host(url: &str) -> &str {
+pub fn url_host(url: &str) -> &str {
     let authority = url.split_once("://").map_or(url, |(_, rest)| rest).split('/').next().unwrap_or_default();
     match authority.strip_prefix('[') {
         Some(v6) => v6.split(']').next().unwrap_or_default(),

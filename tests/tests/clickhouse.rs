@@ -201,3 +201,28 @@ fn clickhouse_away_for_20_s_loses_and_doubles_nothing_and_readyz_says_why() {
     assert!(made >= 25, "only {made} profiles in ~25 s at 1 s intervals");
     assert_eq!(stored(&store), (1..=made).map(|n| ("outage-agent".to_string(), n)).collect::<Vec<_>>(), "every profile once");
 }
+
+#[test]
+fn an_agent_fails_over_when_its_collector_dies_mid_push_and_each_profile_is_stored_once() {
+    require_root();
+    let dir = TempDir::new("ch-failover");
+    let store = TestStore::clickhouse(&dir);
+    let (first_address, second_address, spool) = (free_address(), free_address(), dir.path("spool"));
+    let first = CollectorProcess::start(first_address, &store);
+    let _second = CollectorProcess::start(second_address, &store);
+    let second_url = format!("http://{second_address}");
+    let agent = push_agent(first_address, &spool, "failover-agent", &["--pid", "1", "--push", &second_url]);
+    std::thread::sleep(Duration::from_secs(3));
+    // Frozen, the first collector holds the next push unanswered; killed, it never answers.
+    unsafe { libc::kill(first.pid() as i32, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_millis(2500));
+    unsafe { libc::kill(first.pid() as i32, libc::SIGKILL) };
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(spool_is_empty(&spool), "the second collector did not take the spool");
+    let log = agent.stderr();
+    stop_agent(agent);
+    assert!(log.contains(&format!("failed, trying {second_url}")), "no failover in the agent's log:\n{log}");
+    let made: u64 = std::fs::read_to_string(spool.join("next-sequence")).unwrap().trim().parse::<u64>().unwrap() - 1;
+    assert!(made >= 8, "only {made} profiles in ~10 s at 1 s intervals");
+    assert_eq!(stored(&store), (1..=made).map(|n| ("failover-agent".to_string(), n)).collect::<Vec<_>>(), "every profile once");
+}

@@ -76,6 +76,7 @@ const HELP: &[(&str, &str)] = &[
     ("ember_jit_functions_dropped_total", "JIT functions in perf maps beyond the 100,000 kept per process (their frames stay unnamed)"),
     ("ember_ship_seconds", "Time spent sending a batch of profiles to a sink, in seconds"),
     ("ember_ship_failures_total", "Failed sends to a sink (retried)"),
+    ("ember_ship_failovers_total", "Pushes that failed on one collector and went on to the next"),
     ("ember_spool_profiles", "Profiles waiting in a sink's spool"),
     ("ember_spool_bytes", "Bytes waiting in a sink's spool"),
     ("ember_kubernetes_pods", "Pods of this node the agent knows from the API server"),

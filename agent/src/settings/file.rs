@@ -18,6 +18,23 @@ impl<'de> Deserialize<'de> for Event {
     }
 }
 
+/// `push = "url"` or `push = ["url", ...]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            OneOrMany::One(one) => vec![one],
+            OneOrMany::Many(many) => many,
+        }
+    }
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
@@ -47,8 +64,8 @@ pub struct FileConfig {
     pub offcpu_states: Option<Vec<String>>,
     pub offcpu_sample_ratio: Option<u32>,
     pub offcpu_max_threads: Option<u32>,
-    /// Collector to push to, spool and identity (see `ember-agent run --help`).
-    pub push: Option<String>,
+    /// Collector(s) to push to, spool and identity (see `ember-agent run --help`).
+    pub push: Option<OneOrMany>,
     pub spool_dir: Option<PathBuf>,
     pub spool_max_mib: Option<f64>,
     pub agent_id: Option<String>,
@@ -117,5 +134,13 @@ mod tests {
         assert_eq!(config.frequency, Some(99));
         assert_eq!(config.event, Some(Event::CpuClock));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn push_takes_one_collector_or_a_list() {
+        let parse = |text: &str| toml::from_str::<FileConfig>(text).map(|c| c.push.map(OneOrMany::into_vec));
+        assert_eq!(parse("push = \"http://a:7070\"").unwrap(), Some(vec!["http://a:7070".to_string()]));
+        assert_eq!(parse("push = [\"http://a:7070\", \"http://b:7070\"]").unwrap().unwrap().len(), 2);
+        assert!(parse("push = 7").is_err());
     }
 }

@@ -14,6 +14,7 @@ use ember_proto::{
 use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
 
 pub use file::FileConfig;
+use file::OneOrMany;
 
 use crate::{
     cli::{RecordArgs, RunArgs, SamplingArgs, SymbolArgs},
@@ -323,14 +324,17 @@ fn profile_kinds(kernel: &KernelSettings) -> Vec<ProfileKind> {
 /// Where profiles leave the agent, if anywhere: push to a collector or serve to pullers, and
 /// OTLP export, with the spool, identity, TLS and token they share.
 fn ship_settings(args: &RunArgs, file: &FileConfig, hostname: &str) -> Result<Option<ShipSettings>> {
-    let push = args.push.clone().or(file.push.clone());
+    let push = match &args.push {
+        given if !given.is_empty() => given.clone(),
+        _ => file.push.clone().map(OneOrMany::into_vec).unwrap_or_default(),
+    };
     let serve = args.serve.or(file.serve);
     let otlp = args.otlp.clone().or(file.otlp.clone());
     ensure!(
-        push.is_none() || serve.is_none(),
+        push.is_empty() || serve.is_none(),
         "choose push (--push) or pull (--serve), not both: a pusher deletes what pullers still need"
     );
-    if push.is_none() && serve.is_none() && otlp.is_none() {
+    if push.is_empty() && serve.is_none() && otlp.is_none() {
         return Ok(None);
     }
     let token = args.token_file.clone().or(file.token_file.clone()).map(|path| security::read_token(&path)).transpose()?;
@@ -346,10 +350,10 @@ fn ship_settings(args: &RunArgs, file: &FileConfig, hostname: &str) -> Result<Op
         plaintext,
     };
     let server = ServerSecurity { cert, key, client_ca: ca, plaintext };
-    let delivery = match (&push, serve) {
-        (Some(url), _) => Some(Delivery::Push(client.endpoint(url, "collector")?)),
-        (None, Some(address)) => Some(Delivery::Serve { address, tls: server.grpc(address)?, keep: args.keep.or(file.keep).unwrap_or(DEFAULT_KEEP) }),
-        (None, None) => None,
+    let delivery = match (push.is_empty(), serve) {
+        (false, _) => Some(Delivery::Push(collectors(&push, &client)?)),
+        (true, Some(address)) => Some(Delivery::Serve { address, tls: server.grpc(address)?, keep: args.keep.or(file.keep).unwrap_or(DEFAULT_KEEP) }),
+        (true, None) => None,
     };
     let otlp = match otlp {
         Some(url) => Some((client.endpoint(&url, "OTLP receiver")?, otlp_headers(&list(&args.otlp_header, &file.otlp_headers))?)),
@@ -381,6 +385,41 @@ fn ship_settings(args: &RunArgs, file: &FileConfig, hostname: &str) -> Result<Op
         token,
         labels,
     }))
+}
+
+/// The collectors to push to, in order: each URL, and each address of a host name that
+/// resolves to several (TLS still checks the certificate against the name).
+fn collectors(urls: &[String], security: &ClientSecurity) -> Result<Vec<(String, tonic::transport::Endpoint)>> {
+    let mut out = Vec::new();
+    for url in urls {
+        let addresses = addresses_of(url);
+        if addresses.len() < 2 {
+            out.push((url.clone(), security.endpoint(url, "collector")?));
+            continue;
+        }
+        let host = security::url_host(url);
+        let named = ClientSecurity { domain: security.domain.clone().or_else(|| Some(host.to_string())), ..security.clone() };
+        for ip in addresses {
+            let one = url.replacen(host, &if ip.is_ipv6() { format!("[{ip}]") } else { ip.to_string() }, 1);
+            out.push((format!("{one} ({host})"), named.endpoint(&one, "collector")?));
+        }
+    }
+    Ok(out)
+}
+
+/// The addresses a URL's host name resolves to (none for an address or a name that does not
+/// resolve now: the connection resolves it then).
+fn addresses_of(url: &str) -> Vec<std::net::IpAddr> {
+    use std::net::ToSocketAddrs as _;
+    let host = security::url_host(url);
+    let port = url.rsplit_once(':').and_then(|(_, p)| p.trim_end_matches('/').parse::<u16>().ok()).unwrap_or(7070);
+    if host.parse::<std::net::IpAddr>().is_ok() || host.starts_with('[') {
+        return Vec::new();
+    }
+    let mut found: Vec<std::net::IpAddr> = (host, port).to_socket_addrs().map(|a| a.map(|a| a.ip()).collect()).unwrap_or_default();
+    found.sort();
+    found.dedup();
+    found
 }
 
 /// A spool size in MiB (fractions allowed), as bytes.

@@ -24,8 +24,8 @@ use push::{CollectorSink, Shipper};
 
 /// How Ember's collector gets the profiles.
 pub enum Delivery {
-    /// The agent pushes to it.
-    Push(Endpoint),
+    /// The agent pushes to the first of these collectors (named, for logs) that takes it.
+    Push(Vec<(String, Endpoint)>),
     /// It pulls from the agent, which keeps the newest `keep` profiles.
     Serve { address: SocketAddr, tls: Option<ServerTlsConfig>, keep: usize },
 }
@@ -60,10 +60,10 @@ where
     let (dir, max_bytes) = (&settings.spool_dir, settings.spool_max_bytes);
     let (mut spools, mut tasks): (Vec<Arc<Spool>>, Vec<Task>) = (vec![], vec![]);
     match &settings.delivery {
-        Some(Delivery::Push(endpoint)) => {
+        Some(Delivery::Push(collectors)) => {
             let spool = Arc::new(Spool::open(dir, "collector", max_bytes, usize::MAX)?);
             let agent = AgentIdentity { spool_id: spool.id(), ..settings.agent.clone() };
-            let sink = CollectorSink::new(endpoint.clone(), agent, settings.token.as_deref())?;
+            let sink = CollectorSink::new(collectors, agent, settings.token.as_deref())?;
             tasks.push(Shipper::new(sink, spool.clone()).spawn(until_stopped()));
             spools.push(spool);
         }

@@ -48,27 +48,54 @@ pub fn channel(endpoint: Endpoint) -> Channel {
     endpoint.timeout(Duration::from_secs(30)).connect_lazy()
 }
 
-/// Ember's collector (ember.v1.Collector/Push).
+/// Ember's collector (ember.v1.Collector/Push): one, or several that share a store, tried in
+/// turn. The spool's sequence numbers make a batch sent to two of them stored once.
 pub struct CollectorSink {
-    client: CollectorClient<Channel>,
+    /// (name, client) of each collector; pushes go to `current` until it fails.
+    collectors: Vec<(String, CollectorClient<Channel>)>,
+    current: usize,
     agent: AgentIdentity,
     /// Sent with every push when the collector requires a token.
     bearer: Bearer,
 }
 
 impl CollectorSink {
-    pub fn new(endpoint: Endpoint, agent: AgentIdentity, token: Option<&str>) -> Result<CollectorSink> {
-        Ok(CollectorSink { client: CollectorClient::new(channel(endpoint)), agent, bearer: Bearer::new(token)? })
+    pub fn new(collectors: &[(String, Endpoint)], agent: AgentIdentity, token: Option<&str>) -> Result<CollectorSink> {
+        let collectors = collectors.iter().map(|(name, endpoint)| (name.clone(), CollectorClient::new(channel(endpoint.clone())))).collect();
+        Ok(CollectorSink { collectors, current: 0, agent, bearer: Bearer::new(token)? })
     }
 }
 
 impl Sink for CollectorSink {
     const NAME: &'static str = "collector";
 
+    /// Tries each collector once, from the one that took the last push: a failure or a
+    /// timeout moves on at once, and the batch stays spooled only if every one failed.
     async fn send(&mut self, profiles: Vec<Profile>) -> Result<Acknowledged, Status> {
-        let request = self.bearer.request(PushRequest { agent: Some(self.agent.clone()), profiles });
-        let response = self.client.push(request).await?.into_inner();
-        Ok(Acknowledged { held: response.held, refused: response.refused.into_iter().map(|r| (r.sequence, r.reason)).collect() })
+        let mut failed = None;
+        for _ in 0..self.collectors.len() {
+            let request = self.bearer.request(PushRequest { agent: Some(self.agent.clone()), profiles: profiles.clone() });
+            let pushed = self.collectors[self.current].1.push(request).await;
+            match pushed {
+                Ok(response) => {
+                    let response = response.into_inner();
+                    return Ok(Acknowledged { held: response.held, refused: response.refused.into_iter().map(|r| (r.sequence, r.reason)).collect() });
+                }
+                // Refused for its content: another collector would refuse it too.
+                Err(status) if status.code() == Code::InvalidArgument => return Err(status),
+                Err(status) => {
+                    if self.collectors.len() > 1 {
+                        let name = &self.collectors[self.current].0;
+                        let next = &self.collectors[(self.current + 1) % self.collectors.len()].0;
+                        tracing::warn!(code = ?status.code(), "pushing to {name} failed, trying {next}: {}", status.message());
+                        metrics::add("ember_ship_failovers_total", &[], 1.0);
+                    }
+                    self.current = (self.current + 1) % self.collectors.len();
+                    failed = Some(status);
+                }
+            }
+        }
+        Err(failed.unwrap_or_else(|| Status::unavailable("no collector to push to")))
     }
 }
 
