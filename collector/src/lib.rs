@@ -158,6 +158,9 @@ enum ClickhouseCommand {
         /// The database they create and fill.
         #[arg(long, default_value = "ember")]
         database: String,
+        /// Local tables on every server of this cluster, and Distributed tables over them.
+        #[arg(long)]
+        cluster: Option<String>,
     },
 }
 
@@ -174,6 +177,10 @@ struct StoreArgs {
     /// The ClickHouse database (created with Ember's tables where missing).
     #[arg(long, default_value = "ember")]
     clickhouse_database: String,
+    /// A ClickHouse cluster (from the servers' remote_servers): its shards hold the profiles,
+    /// read and written through Distributed tables.
+    #[arg(long)]
+    clickhouse_cluster: Option<String>,
     /// The ClickHouse user.
     #[arg(long, default_value = "default")]
     clickhouse_user: String,
@@ -191,7 +198,7 @@ impl StoreArgs {
             None => std::env::var("EMBER_CLICKHOUSE_PASSWORD").unwrap_or_default(),
         };
         let connection = Connection { url, user: self.clickhouse_user, password };
-        Ok(StoreChoice::ClickHouse { connection, database: self.clickhouse_database })
+        Ok(StoreChoice::ClickHouse { connection, database: self.clickhouse_database, cluster: self.clickhouse_cluster })
     }
 }
 
@@ -238,7 +245,7 @@ pub fn main() -> ExitCode {
                 Err(error) => Err(error),
             }
         }
-        Command::Clickhouse { command: ClickhouseCommand::Schema { database } } => clickhouse::statements(&database).and_then(|statements| {
+        Command::Clickhouse { command: ClickhouseCommand::Schema { database, cluster } } => clickhouse::statements(&database, cluster.as_deref()).and_then(|statements| {
             let mut out = std::io::stdout().lock();
             statements.iter().try_for_each(|statement| writeln!(out, "{statement};\n")).map_err(Into::into)
         }),

@@ -25,10 +25,10 @@ pub fn run_query(store: StoreChoice, kind: String, selector: String, from: Optio
 pub fn list(store: StoreChoice) -> Result<()> {
     match store {
         StoreChoice::Embedded(dir) => list_embedded(dir),
-        StoreChoice::ClickHouse { connection, database } => {
+        StoreChoice::ClickHouse { connection, database, cluster } => {
             let runtime = runtime()?;
             let _entered = runtime.enter();
-            let count = ClickHouse::open(&connection, &database)?.list(&mut |agent, sequence, kind, start, samples| {
+            let count = ClickHouse::open(&connection, &database, cluster.as_deref())?.list(&mut |agent, sequence, kind, start, samples| {
                 println!("{agent} {sequence} {kind} {start} {samples}");
             })?;
             eprintln!("{count} profiles");

@@ -13,7 +13,7 @@ use crate::{
 
 pub enum StoreChoice {
     Embedded(PathBuf),
-    ClickHouse { connection: Connection, database: String },
+    ClickHouse { connection: Connection, database: String, cluster: Option<String> },
 }
 
 impl StoreChoice {
@@ -22,7 +22,7 @@ impl StoreChoice {
     pub fn open(&self) -> Result<Arc<dyn ProfileStore>> {
         Ok(match self {
             StoreChoice::Embedded(dir) => Arc::new(Embedded::new(EmbeddedStore::open(dir)?)),
-            StoreChoice::ClickHouse { connection, database } => Arc::new(ClickHouse::open(connection, database)?),
+            StoreChoice::ClickHouse { connection, database, cluster } => Arc::new(ClickHouse::open(connection, database, cluster.as_deref())?),
         })
     }
 
@@ -30,7 +30,10 @@ impl StoreChoice {
     pub fn describe(&self) -> String {
         match self {
             StoreChoice::Embedded(dir) => format!("embedded store in {}", dir.display()),
-            StoreChoice::ClickHouse { connection, database } => format!("ClickHouse at {}, database {database}", connection.url),
+            StoreChoice::ClickHouse { connection, database, cluster } => {
+                let on = cluster.as_ref().map(|c| format!(", Distributed over cluster {c}")).unwrap_or_default();
+                format!("ClickHouse at {}, database {database}{on}", connection.url)
+            }
         }
     }
 }

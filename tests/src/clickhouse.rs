@@ -13,15 +13,26 @@ use crate::transport::free_address;
 pub struct ClickHouseServer {
     child: Child,
     pub http: SocketAddr,
-    pub tcp: SocketAddr,
     dir: PathBuf,
 }
 
 impl ClickHouseServer {
-    /// Starts a server with its data under `dir`; `remote_servers` is XML put in the config
-    /// as is (a cluster's shards), or "".
-    pub fn start(dir: &Path, remote_servers: &str) -> ClickHouseServer {
-        let (http, tcp, interserver) = (free_address(), free_address(), free_address());
+    /// Starts a server with its data under `dir`.
+    pub fn start(dir: &Path) -> ClickHouseServer {
+        ClickHouseServer::start_on(dir, [free_address(), free_address(), free_address()], "")
+    }
+
+    /// `shards` servers under `dir`/shard-N, each one shard of the cluster `name`.
+    pub fn cluster(dir: &Path, name: &str, shards: usize) -> Vec<ClickHouseServer> {
+        let ports: Vec<[SocketAddr; 3]> = (0..shards).map(|_| [free_address(), free_address(), free_address()]).collect();
+        let shard = |p: &[SocketAddr; 3]| format!("<shard><replica><host>127.0.0.1</host><port>{}</port></replica></shard>", p[1].port());
+        let remote_servers = format!("<{name}>{}</{name}>", ports.iter().map(shard).collect::<String>());
+        ports.iter().enumerate().map(|(i, p)| ClickHouseServer::start_on(&dir.join(format!("shard-{i}")), *p, &remote_servers)).collect()
+    }
+
+    /// A server on (http, tcp, interserver) ports; `remote_servers` is XML put in its config
+    /// as is (the clusters it knows).
+    fn start_on(dir: &Path, [http, tcp, interserver]: [SocketAddr; 3], remote_servers: &str) -> ClickHouseServer {
         std::fs::create_dir_all(dir.join("data")).unwrap();
         let d = dir.display();
         let config = format!(
@@ -41,7 +52,7 @@ impl ClickHouseServer {
             interserver.port()
         );
         std::fs::write(dir.join("config.xml"), config).unwrap();
-        let mut server = ClickHouseServer { child: ClickHouseServer::spawn(dir), http, tcp, dir: dir.to_path_buf() };
+        let mut server = ClickHouseServer { child: ClickHouseServer::spawn(dir), http, dir: dir.to_path_buf() };
         server.wait_ready();
         server
     }

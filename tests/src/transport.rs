@@ -34,7 +34,9 @@ pub fn free_address() -> SocketAddr {
 /// database of a ClickHouse server the test started.
 pub enum TestStore {
     Embedded(PathBuf),
-    ClickHouse { server: ClickHouseServer, database: String },
+    /// `cluster`: the server is one of this cluster's, whose tables the collector reads and
+    /// writes as Distributed ones.
+    ClickHouse { server: ClickHouseServer, database: String, cluster: Option<String> },
 }
 
 impl TestStore {
@@ -45,14 +47,18 @@ impl TestStore {
 
     /// A ClickHouse server of its own, under `dir`/clickhouse.
     pub fn clickhouse(dir: &TempDir) -> TestStore {
-        TestStore::ClickHouse { server: ClickHouseServer::start(&dir.path("clickhouse"), ""), database: "ember_test".into() }
+        TestStore::ClickHouse { server: ClickHouseServer::start(&dir.path("clickhouse")), database: "ember_test".into(), cluster: None }
     }
 
     /// The collector's arguments that choose this store (serve, list and query take them).
     pub fn args(&self) -> Vec<String> {
         match self {
             TestStore::Embedded(data) => vec!["--data-dir".into(), data.display().to_string()],
-            TestStore::ClickHouse { server, database } => vec!["--clickhouse".into(), server.url(), "--clickhouse-database".into(), database.clone()],
+            TestStore::ClickHouse { server, database, cluster } => {
+                let mut args = vec!["--clickhouse".into(), server.url(), "--clickhouse-database".into(), database.clone()];
+                args.extend(cluster.iter().flat_map(|name| ["--clickhouse-cluster".to_string(), name.clone()]));
+                args
+            }
         }
     }
 

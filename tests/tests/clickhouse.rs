@@ -12,10 +12,13 @@ use std::{
 
 use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest, PushResponse};
 use ember_tests::{
+    clickhouse::ClickHouseServer,
     folded_total, http_get, one_sample_pprof_gzip, require_root,
     transport::{free_address, push_agent, spool_is_empty, stop_agent, stored, CollectorProcess, TestStore},
-    TempDir,
+    Decoded, Fixture, TempDir,
 };
+
+const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
 
 const NS: i64 = 1_000_000_000;
 
@@ -44,7 +47,7 @@ fn push(address: SocketAddr, agent: &str, spool_id: u64, profiles: Vec<Profile>)
     })
 }
 
-fn server(store: &TestStore) -> &ember_tests::clickhouse::ClickHouseServer {
+fn server(store: &TestStore) -> &ClickHouseServer {
     match store {
         TestStore::ClickHouse { server, .. } => server,
         TestStore::Embedded(_) => unreachable!("a ClickHouse store"),
@@ -225,4 +228,56 @@ fn an_agent_fails_over_when_its_collector_dies_mid_push_and_each_profile_is_stor
     let made: u64 = std::fs::read_to_string(spool.join("next-sequence")).unwrap().trim().parse::<u64>().unwrap() - 1;
     assert!(made >= 8, "only {made} profiles in ~10 s at 1 s intervals");
     assert_eq!(stored(&store), (1..=made).map(|n| ("failover-agent".to_string(), n)).collect::<Vec<_>>(), "every profile once");
+}
+
+#[test]
+fn two_shards_behind_two_collectors_answer_what_three_agents_recorded() {
+    require_root();
+    let dir = TempDir::new("ch-cluster");
+    let stores: Vec<TestStore> = ClickHouseServer::cluster(&dir.0, "fleet", 2)
+        .into_iter()
+        .map(|server| TestStore::ClickHouse { server, database: "ember_test".into(), cluster: Some("fleet".into()) })
+        .collect();
+    let (grpc, http) = ([free_address(), free_address()], [free_address(), free_address()]);
+    let _collectors: Vec<CollectorProcess> = (0..2).map(|i| CollectorProcess::start_with_http(grpc[i], http[i], &stores[i], &[])).collect();
+    let mut fixture = Fixture::spawn(FIXTURE, "split", 3.0);
+    let (fixture_pid, pid) = (fixture.pid(), fixture.pid().to_string());
+    // The first pushes to one collector, the second to the other, the third to either.
+    let second = format!("http://{}", grpc[1]);
+    let agents: Vec<_> = (0..3)
+        .map(|i| {
+            let (spool, local) = (dir.path(&format!("spool-{i}")), dir.path(&format!("local-{i}")));
+            let mut extra = vec!["--pid".to_string(), pid.clone(), "--output-dir".to_string(), local.display().to_string()];
+            if i == 2 {
+                extra.extend(["--push".to_string(), second.clone()]);
+            }
+            let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+            (push_agent(grpc[usize::from(i == 1)], &spool, &format!("agent-{i}"), &extra), spool, local)
+        })
+        .collect();
+    fixture.start();
+    fixture.finish();
+    let mut recorded = Vec::new();
+    for (agent, spool, local) in agents {
+        stop_agent(agent);
+        assert!(spool_is_empty(&spool), "{} kept profiles", spool.display());
+        let total: i64 = Decoded::read_kind(&local, "cpu").iter().map(|p| Decoded::total(&p.samples_of(fixture_pid))).sum();
+        assert!(total > 50, "an agent recorded only {total} samples of the fixture");
+        recorded.push(total);
+    }
+    let merged = |http: SocketAddr, selector: &str| -> i64 {
+        let (status, body) = http_get(http, &format!("/query?kind=cpu&format=pprof&from={}&to={}&selector={selector}", now() - 600, now() + 1));
+        assert_eq!(status, 200, "{selector}: {}", String::from_utf8_lossy(&body));
+        Decoded::total(&Decoded::from_gzip(&body).samples_of(fixture_pid))
+    };
+    for http in http {
+        for (i, total) in recorded.iter().enumerate() {
+            assert_eq!(merged(http, &format!("agent=agent-{i}")), *total, "agent-{i}, asked of {http}");
+        }
+        assert_eq!(merged(http, ""), recorded.iter().sum::<i64>(), "all agents, asked of {http}");
+    }
+    // Both shards hold part of it.
+    let local = |store: &TestStore, table: &str| -> u64 { server(store).query(&format!("SELECT count() FROM ember_test.{table}_local")).trim().parse().unwrap() };
+    assert!(stores.iter().all(|s| local(s, "stacks") > 0), "a shard holds no stacks");
+    assert_eq!(stores.iter().map(|s| local(s, "profiles")).sum::<u64>() as usize, stored(&stores[0]).len());
 }

@@ -35,12 +35,14 @@ pub struct External<'a> {
 
 pub struct Client {
     http: Http,
+    /// Settings sent with every call.
+    settings: Vec<(String, String)>,
     base: Uri,
     authorization: String,
 }
 
 impl Client {
-    pub fn new(connection: &Connection) -> Result<Client> {
+    pub fn new(connection: &Connection, settings: &[(&str, &str)]) -> Result<Client> {
         let base: Uri = connection.url.trim_end_matches('/').parse().with_context(|| format!("ClickHouse URL {:?} is not a URL", connection.url))?;
         if !matches!(base.scheme_str(), Some("http" | "https")) || base.host().is_none() {
             bail!("ClickHouse URL {:?}: use http://host:port or https://host:port", connection.url);
@@ -53,7 +55,8 @@ impl Client {
             .build();
         let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
         let credentials = format!("{}:{}", connection.user, connection.password);
-        Ok(Client { http, base, authorization: format!("Basic {}", base64(credentials.as_bytes())) })
+        let settings = settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Ok(Client { http, settings, base, authorization: format!("Basic {}", base64(credentials.as_bytes())) })
     }
 
     /// Runs a statement or query (its text from the collector alone), with `external` tables
@@ -83,7 +86,7 @@ impl Client {
 
     fn call(&self, params: &[(String, String)], body: Vec<u8>, content_type: Option<&str>, deadline: Option<Instant>) -> Result<Vec<u8>> {
         let mut query = String::new();
-        for (name, value) in params {
+        for (name, value) in params.iter().chain(&self.settings) {
             query.push(if query.is_empty() { '?' } else { '&' });
             query.push_str(&format!("{}={}", percent_encode(name), percent_encode(value)));
         }

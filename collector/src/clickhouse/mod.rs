@@ -25,6 +25,8 @@ use crate::store::{Checked, Labels, Points, ProfileStore, Selection, Stored};
 
 pub struct ClickHouse {
     client: client::Client,
+    /// The cluster the tables are Distributed over, if any.
+    cluster: Option<String>,
     /// Checked by `statements`: names are spliced into statements.
     database: String,
     /// Profiles that start before this (unix ns) are past retention.
@@ -33,13 +35,19 @@ pub struct ClickHouse {
 
 impl ClickHouse {
     /// Connects and creates the schema where it is missing (a no-op where it exists, so any
-    /// number of collectors may start at once).
-    pub fn open(connection: &Connection, database: &str) -> Result<ClickHouse> {
-        let client = client::Client::new(connection)?;
-        for statement in statements(database)? {
+    /// number of collectors may start at once). On a cluster, every statement reads the
+    /// shards' local tables where a profile's rows are (each profile's rows sit on one shard),
+    /// and an insert returns once the shards hold it.
+    pub fn open(connection: &Connection, database: &str, cluster: Option<&str>) -> Result<ClickHouse> {
+        let settings = match cluster {
+            Some(_) => vec![("distributed_product_mode", "local"), ("insert_distributed_sync", "1")],
+            None => vec![],
+        };
+        let client = client::Client::new(connection, &settings)?;
+        for statement in statements(database, cluster)? {
             client.query(&statement, &[], None).with_context(|| format!("creating Ember's tables in ClickHouse at {}", connection.url))?;
         }
-        Ok(ClickHouse { client, database: database.to_string(), horizon: AtomicU64::new(0) })
+        Ok(ClickHouse { client, cluster: cluster.map(str::to_string), database: database.to_string(), horizon: AtomicU64::new(0) })
     }
 }
 

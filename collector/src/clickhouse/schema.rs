@@ -21,42 +21,94 @@ pub fn identifier<'a>(what: &str, name: &'a str) -> Result<&'a str> {
 const PROFILE_KEY: &str = "day Date, start_ns UInt64, end_ns UInt64, kind String, origin String, sequence UInt64, attempt UInt64, \
 agent String, host String, label_keys Array(String), label_values Array(String)";
 
-/// The statements that create the schema in `database`, in order.
-pub fn statements(database: &str) -> Result<Vec<String>> {
+/// Ember's tables: name, columns, engine and key, and what shards its rows on a cluster.
+const TABLES: [(&str, &str, &str, &str); 4] = [
+    // One row per stored copy of a profile: its sample types and totals, and which
+    // (origin, sequence) it is. Written last, after its samples: a copy is readable once this
+    // row exists, so a copy cut short by a crash is never read.
+    (
+        "profiles",
+        "sample_types Array(String), sample_units Array(String), period_type String, period_unit String, period Int64, \
+totals Array(Int64), samples UInt64",
+        "MergeTree PARTITION BY day ORDER BY (origin, sequence)",
+        "cityHash64(origin)",
+    ),
+    // One row per sample: its labels, its stack's hash and its values. Sharded as its
+    // profile, so that picking a profile's copy is a question each shard answers alone.
+    (
+        "samples",
+        "sample_keys Array(String), sample_values Array(String), sample_num_keys Array(String), sample_nums Array(Int64), \
+stack UInt64, values Array(Int64)",
+        "MergeTree PARTITION BY day ORDER BY (kind, start_ns, stack)",
+        "cityHash64(origin)",
+    ),
+    // Each stack once per day it is used in (merges remove the copies), leaf first: one entry
+    // per line of each frame, `locations` numbering the frames (a frame with inlined functions
+    // has several lines), `lines` -1 for a frame without any.
+    (
+        "stacks",
+        "functions Array(String), files Array(String), lines Array(Int64), binaries Array(String), build_ids Array(String), \
+addresses Array(UInt64), locations Array(UInt64)",
+        "ReplacingMergeTree PARTITION BY day ORDER BY stack",
+        "stack",
+    ),
+    // How far each spool is stored without a gap: never dropped with the days, so that a
+    // retry of a profile past retention is still known as a duplicate.
+    ("watermarks", "", "ReplacingMergeTree(through) ORDER BY origin", "cityHash64(origin)"),
+];
+
+/// The columns a table starts with.
+fn leading(table: &str) -> String {
+    match table {
+        "profiles" | "samples" => format!("{PROFILE_KEY}, "),
+        "stacks" => "day Date, stack UInt64, ".to_string(),
+        _ => "origin String, through UInt64".to_string(),
+    }
+}
+
+/// Where the collector reads and writes `table`: itself on one server; on a cluster, the
+/// Distributed table over every shard's `<table>_local`.
+pub fn local_name(table: &str, cluster: Option<&str>) -> String {
+    match cluster {
+        Some(_) => format!("{table}_local"),
+        None => table.to_string(),
+    }
+}
+
+/// The statements that create the schema in `database`, in order: on one server its tables;
+/// on `cluster`, each table as `<table>_local` on the server and a Distributed table over
+/// the cluster's (every server of it needs both: run them on each, or point a collector at
+/// each).
+pub fn statements(database: &str, cluster: Option<&str>) -> Result<Vec<String>> {
     let database = identifier("ClickHouse database", database)?;
-    Ok(vec![
-        format!("CREATE DATABASE IF NOT EXISTS {database}"),
-        // One row per stored copy of a profile: its sample types and totals, and which
-        // (origin, sequence) it is. Written last, after its samples: a copy is readable once
-        // this row exists, so a copy cut short by a crash is never read.
-        format!(
-            "CREATE TABLE IF NOT EXISTS {database}.profiles ({PROFILE_KEY}, sample_types Array(String), sample_units Array(String), \
-period_type String, period_unit String, period Int64, totals Array(Int64), samples UInt64) \
-ENGINE = MergeTree PARTITION BY day ORDER BY (origin, sequence)"
-        ),
-        // One row per sample: its labels, its stack's hash and its values.
-        format!(
-            "CREATE TABLE IF NOT EXISTS {database}.samples ({PROFILE_KEY}, sample_keys Array(String), sample_values Array(String), \
-sample_num_keys Array(String), sample_nums Array(Int64), stack UInt64, values Array(Int64)) \
-ENGINE = MergeTree PARTITION BY day ORDER BY (kind, start_ns, stack)"
-        ),
-        // Each stack once per day it is used in (merges remove the copies), leaf first: one
-        // entry per line of each frame, `locations` numbering the frames (a frame with inlined
-        // functions has several lines), `lines` -1 for a frame without any.
-        format!(
-            "CREATE TABLE IF NOT EXISTS {database}.stacks (day Date, stack UInt64, functions Array(String), files Array(String), \
-lines Array(Int64), binaries Array(String), build_ids Array(String), addresses Array(UInt64), locations Array(UInt64)) \
-ENGINE = ReplacingMergeTree PARTITION BY day ORDER BY stack"
-        ),
-        // How far each spool is stored without a gap: never dropped with the days, so that a
-        // retry of a profile past retention is still known as a duplicate.
-        format!("CREATE TABLE IF NOT EXISTS {database}.watermarks (origin String, through UInt64) ENGINE = ReplacingMergeTree(through) ORDER BY origin"),
-    ])
+    let cluster = cluster.map(|name| identifier("ClickHouse cluster", name)).transpose()?;
+    let mut out = vec![format!("CREATE DATABASE IF NOT EXISTS {database}")];
+    for (table, columns, engine, shard_by) in TABLES {
+        let local = local_name(table, cluster);
+        out.push(format!("CREATE TABLE IF NOT EXISTS {database}.{local} ({}{columns}) ENGINE = {engine}", leading(table)));
+        if let Some(cluster) = cluster {
+            out.push(format!("CREATE TABLE IF NOT EXISTS {database}.{table} AS {database}.{local} ENGINE = Distributed({cluster}, {database}, {local}, {shard_by})"));
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cluster_gets_local_tables_and_distributed_ones_over_them() {
+        let single = statements("ember", None).unwrap();
+        assert_eq!(single.len(), 5);
+        assert!(single[1].starts_with("CREATE TABLE IF NOT EXISTS ember.profiles (day Date,"), "{}", single[1]);
+        let cluster = statements("ember", Some("fleet")).unwrap();
+        assert_eq!(cluster.len(), 9);
+        assert!(cluster[3].starts_with("CREATE TABLE IF NOT EXISTS ember.samples_local (day Date,"), "{}", cluster[3]);
+        assert_eq!(cluster[4], "CREATE TABLE IF NOT EXISTS ember.samples AS ember.samples_local ENGINE = Distributed(fleet, ember, samples_local, cityHash64(origin))");
+        assert!(cluster[7].ends_with("(origin String, through UInt64) ENGINE = ReplacingMergeTree(through) ORDER BY origin"), "{}", cluster[7]);
+        assert!(statements("ember", Some("a,b")).is_err());
+    }
 
     #[test]
     fn only_plain_names_are_identifiers() {
