@@ -89,7 +89,7 @@ mod tests {
             .map(|i| {
                 let start = (1000 + 10 * i as i64) * NS as i64;
                 let profile = Pushed { sequence: i + 1, kind: "cpu".into(), start_unix_nanos: start, end_unix_nanos: start + 10 * NS as i64, pprof_gzip: ember_pprof::encode_gzip(&pprof), ..Default::default() };
-                Checked { profile, totals: vec![5 + 2 * i as i64] }
+                Checked { profile, totals: vec![5 + 2 * i as i64], decoded: None }
             })
             .collect();
         store.put(&AgentIdentity { agent_id: "a".into(), ..Default::default() }, &profiles).unwrap();

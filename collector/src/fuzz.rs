@@ -61,8 +61,8 @@ pub fn query_router() -> Router {
             labels: [("host".to_string(), host.to_string())].into(),
             pprof_gzip: ember_pprof::encode_gzip(&small_pprof()),
         };
-        let totals = check(&profile, i64::MAX / 2).expect("a valid seed");
-        store.put(&agent, &[Checked { profile, totals }]).expect("seeding the fuzz store");
+        let (totals, decoded) = check(&profile, i64::MAX / 2).expect("a valid seed");
+        store.put(&agent, &[Checked { profile, totals, decoded: Some(decoded) }]).expect("seeding the fuzz store");
     }
     let limits = QueryLimits { max_range: Duration::from_secs(7 * 86_400), concurrent: 4, timeout: Duration::from_secs(5) };
     router(store, limits, None)

@@ -74,15 +74,15 @@ async fn pull_once(source: &Source, store: &Arc<dyn ProfileStore>, stored: &mut 
     tracing::info!(agent = agent.agent_id, after, "pulling");
     let mut stream = client.pull(source.bearer.request(PullRequest { after_sequence: after })).await?.into_inner();
     while let Some(profile) = stream.message().await? {
-        let totals = match check(&profile, now_ns()) {
-            Ok(totals) => totals,
+        let (totals, decoded) = match check(&profile, now_ns()) {
+            Ok(checked) => checked,
             Err(why) => {
                 tracing::warn!(agent = agent.agent_id, sequence = profile.sequence, "refused a pulled profile: {why}");
                 continue;
             }
         };
         let (store, agent) = (store.clone(), agent.clone());
-        tokio::task::spawn_blocking(move || store.put(&agent, &[Checked { profile, totals }])).await??;
+        tokio::task::spawn_blocking(move || store.put(&agent, &[Checked { profile, totals, decoded: Some(decoded) }])).await??;
         *stored += 1;
     }
     Ok(())

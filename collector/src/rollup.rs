@@ -143,7 +143,7 @@ mod tests {
                 let pprof = pprof(host, i);
                 let labels = HashMap::from([("service".to_string(), "api".to_string())]);
                 let profile = Profile { sequence: i + 1, kind: "cpu".into(), start_unix_nanos: start, end_unix_nanos: start + 10 * NS as i64, labels, pprof_gzip: ember_pprof::encode_gzip(&pprof) };
-                Checked { totals: ember_pprof::totals(&pprof), profile }
+                Checked { totals: ember_pprof::totals(&pprof), profile, decoded: None }
             })
             .collect();
         store.put(&agent(host), &profiles).unwrap();

@@ -19,8 +19,9 @@ pub struct CollectorService {
     pub store: Arc<dyn ProfileStore>,
 }
 
-/// Checks a pushed (or pulled) profile; returns the totals of its sample values.
-pub fn check(profile: &Profile, now_ns: i64) -> Result<Vec<i64>, String> {
+/// Checks a pushed (or pulled) profile; returns the totals of its sample values, and its pprof
+/// decoded.
+pub fn check(profile: &Profile, now_ns: i64) -> Result<(Vec<i64>, ember_proto::pprof::Profile), String> {
     if !KINDS.contains(&profile.kind.as_str()) {
         return Err(format!("unknown profile kind {:?} (known: {})", profile.kind, KINDS.join(", ")));
     }
@@ -37,7 +38,7 @@ pub fn check(profile: &Profile, now_ns: i64) -> Result<Vec<i64>, String> {
         return Err(format!("{} labels on one profile (at most {MAX_LABELS})", profile.labels.len()));
     }
     let decoded = ember_pprof::decode_gzip(&profile.pprof_gzip, MAX_DECOMPRESSED).map_err(|e| format!("{e:#}"))?;
-    Ok(ember_pprof::totals(&decoded))
+    Ok((ember_pprof::totals(&decoded), decoded))
 }
 
 #[tonic::async_trait]
@@ -54,7 +55,7 @@ impl Collector for CollectorService {
         let (mut good, mut refused) = (Vec::new(), Vec::new());
         for profile in request.profiles {
             match check(&profile, now_ns) {
-                Ok(totals) => good.push(Checked { profile, totals }),
+                Ok((totals, decoded)) => good.push(Checked { profile, totals, decoded: Some(decoded) }),
                 Err(reason) => {
                     tracing::warn!(agent = agent.agent_id, sequence = profile.sequence, "refused a profile: {reason}");
                     refused.push(Refusal { sequence: profile.sequence, reason });

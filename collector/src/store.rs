@@ -26,6 +26,9 @@ pub fn origin(agent: &AgentIdentity) -> String {
 pub struct Checked {
     pub profile: Profile,
     pub totals: Vec<i64>,
+    /// Its pprof as the check decoded it, for a store that reads the samples (None: decode
+    /// it there).
+    pub decoded: Option<pprof::Profile>,
 }
 
 /// What a push achieved, as the agent is told.

@@ -76,6 +76,10 @@ impl ClickHouseServer {
         }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -10,14 +10,16 @@ use std::{
 };
 
 use anyhow::Result;
+use ember_pprof::FastMap;
 use ember_proto::{ember::AgentIdentity, pprof};
 
 use super::{
     client::External,
     row_binary::{Reader, Writer},
-    stacks::rows,
+    stacks::{rows, Stack},
     ClickHouse,
 };
+use super::FastSet;
 use crate::{
     service::MAX_DECOMPRESSED,
     store::{origin, Checked, Stored},
@@ -25,19 +27,21 @@ use crate::{
 
 /// A gap's far side is looked at this far, no further, in one push.
 const MAX_AHEAD: u64 = 100_000;
+/// (day, stack) pairs a collector remembers having stored (about 40 MB); past it, it forgets
+/// them all and sends each stack once more.
+const MAX_KNOWN_STACKS: usize = 1 << 20;
 
 /// The rows of one push, per table.
 #[derive(Default)]
 struct Batch {
-    stacks: Writer,
+    /// The push's stacks this collector has not stored before, by (day, hash).
+    stacks: FastMap<(u64, u64), Stack>,
     samples: Writer,
     profiles: Writer,
-    /// (day, stack) written in this batch.
-    written: HashSet<(u64, u64)>,
 }
 
 impl Batch {
-    fn add(&mut self, agent: &AgentIdentity, origin: &str, attempt: u64, profile: &ember_proto::ember::Profile, pprof: &pprof::Profile, totals: &[i64]) {
+    fn add(&mut self, known: &FastSet<(u64, u64)>, agent: &AgentIdentity, origin: &str, attempt: u64, profile: &ember_proto::ember::Profile, pprof: &pprof::Profile, totals: &[i64]) {
         let start = profile.start_unix_nanos.max(0) as u64;
         let mut labels: Vec<(&String, &String)> = profile.labels.iter().collect();
         labels.sort_unstable();
@@ -46,13 +50,11 @@ impl Batch {
             w.str(&agent.agent_id).str(&agent.hostname);
             w.strs(labels.iter().map(|l| l.0.as_str())).strs(labels.iter().map(|l| l.1.as_str()));
         };
-        let rows = rows(pprof);
         let day = start / 86_400_000_000_000;
-        for (hash, stack) in &rows.stacks {
-            if self.written.insert((day, *hash)) {
-                self.stacks.date(start).u64(*hash);
-                stack.write(&mut self.stacks);
-            }
+        let rows = rows(pprof, &|hash| !known.contains(&(day, hash)) && !self.stacks.contains_key(&(day, hash)));
+        let samples = rows.samples.len() as u64;
+        for (hash, stack) in rows.stacks {
+            self.stacks.entry((day, hash)).or_insert(stack);
         }
         for (stack, sample_labels, values) in &rows.samples {
             key(&mut self.samples);
@@ -66,7 +68,18 @@ impl Batch {
         let w = &mut self.profiles;
         w.strs(pprof.sample_type.iter().map(|t| s(t.r#type))).strs(pprof.sample_type.iter().map(|t| s(t.unit)));
         let period = pprof.period_type.unwrap_or_default();
-        w.str(s(period.r#type)).str(s(period.unit)).i64(pprof.period).i64s(totals).u64(rows.samples.len() as u64);
+        w.str(s(period.r#type)).str(s(period.unit)).i64(pprof.period).i64s(totals).u64(samples);
+    }
+
+    /// The stacks table's rows, and their keys.
+    fn new_stacks(&self) -> (Writer, Vec<(u64, u64)>) {
+        let (mut rows, mut keys) = (Writer::default(), Vec::new());
+        for (&(day, hash), stack) in &self.stacks {
+            rows.date(day * 86_400_000_000_000).u64(hash);
+            stack.write(&mut rows);
+            keys.push((day, hash));
+        }
+        (rows, keys)
     }
 }
 
@@ -75,30 +88,43 @@ impl ClickHouse {
         let origin = origin(agent);
         let horizon = self.horizon.load(Ordering::Relaxed);
         let through = self.watermark(&origin)?;
-        let present = self.present(&origin, profiles.iter().map(|c| c.profile.sequence).filter(|&s| s > through))?;
+        let stored = self.stored_after(&origin, through)?;
         let attempt = attempt_id();
-        let (mut batch, mut taken, mut result) = (Batch::default(), HashSet::new(), Stored::default());
-        for Checked { profile, totals } in profiles {
+        let (mut batch, mut taken, mut result) = (Batch::default(), Vec::new(), Stored::default());
+        let known = self.stacks_stored.read().unwrap_or_else(|e| e.into_inner());
+        for Checked { profile, totals, decoded } in profiles {
             result.held.push(profile.sequence);
             let start = profile.start_unix_nanos.max(0) as u64;
-            if start < horizon || profile.sequence <= through || present.contains(&profile.sequence) || !taken.insert(profile.sequence) {
+            if start < horizon || profile.sequence <= through || stored.contains(&profile.sequence) || taken.contains(&profile.sequence) {
                 result.duplicates += 1;
                 continue;
             }
-            // Checked at ingest already: this decode succeeds.
-            let pprof = ember_pprof::decode_gzip(&profile.pprof_gzip, MAX_DECOMPRESSED)?;
-            batch.add(agent, &origin, attempt, profile, &pprof, totals);
+            let pprof = match decoded {
+                Some(pprof) => std::borrow::Cow::Borrowed(pprof),
+                None => std::borrow::Cow::Owned(ember_pprof::decode_gzip(&profile.pprof_gzip, MAX_DECOMPRESSED)?),
+            };
+            batch.add(&known, agent, &origin, attempt, profile, &pprof, totals);
+            taken.push(profile.sequence);
         }
-        if !taken.is_empty() {
-            let db = &self.database;
-            for (table, rows) in [("stacks", batch.stacks), ("samples", batch.samples)] {
-                if !rows.0.is_empty() {
-                    self.client.insert(&format!("INSERT INTO {db}.{table}"), rows)?;
-                }
-            }
-            self.client.insert(&format!("INSERT INTO {db}.profiles"), batch.profiles)?;
+        drop(known);
+        // The watermark moves over what is stored now, this push included, in the same
+        // gathering as the push's rows and after them.
+        let mut after = through;
+        while stored.contains(&(after + 1)) || taken.contains(&(after + 1)) {
+            after += 1;
         }
-        result.stored_through = self.advance(&origin, through)?;
+        let mut watermark = Writer::default();
+        if after > through {
+            watermark.str(&origin).u64(after);
+        }
+        let (stacks, new) = batch.new_stacks();
+        self.inserts.store([stacks, batch.samples, batch.profiles, watermark])?;
+        let mut known = self.stacks_stored.write().unwrap_or_else(|e| e.into_inner());
+        if known.len() > MAX_KNOWN_STACKS {
+            known.clear();
+        }
+        known.extend(new);
+        result.stored_through = after;
         Ok(result)
     }
 
@@ -112,18 +138,17 @@ impl ClickHouse {
         Reader(&answer).u64()
     }
 
-    /// Which of these sequences of the origin are stored.
-    fn present(&self, origin: &str, sequences: impl Iterator<Item = u64>) -> Result<HashSet<u64>> {
-        let mut wanted = Writer::default();
-        for sequence in sequences {
-            wanted.u64(sequence);
-        }
+    /// The origin's sequences stored after `through` (up to MAX_AHEAD after it), by this
+    /// collector or another.
+    fn stored_after(&self, origin: &str, through: u64) -> Result<HashSet<u64>> {
         let answer = self.client.query(
             &format!(
-                "SELECT DISTINCT sequence FROM {}.profiles WHERE origin = (SELECT origin FROM args) AND sequence IN (SELECT sequence FROM wanted) FORMAT RowBinary",
-                self.database
+                "SELECT DISTINCT sequence FROM {}.profiles WHERE origin = (SELECT origin FROM args) AND sequence > {through} \
+AND sequence <= {} FORMAT RowBinary",
+                self.database,
+                through.saturating_add(MAX_AHEAD)
             ),
-            &[args(origin), External { name: "wanted", structure: "sequence UInt64", rows: wanted }],
+            &[args(origin)],
             None,
         )?;
         let mut r = Reader(&answer);
@@ -132,30 +157,6 @@ impl ClickHouse {
             found.insert(r.u64()?);
         }
         Ok(found)
-    }
-
-    /// Moves the origin's watermark over the sequences stored after it without a gap.
-    fn advance(&self, origin: &str, mut through: u64) -> Result<u64> {
-        let answer = self.client.query(
-            &format!(
-                "SELECT DISTINCT sequence FROM {}.profiles WHERE origin = (SELECT origin FROM args) AND sequence > {through} \
-AND sequence <= {} ORDER BY sequence FORMAT RowBinary",
-                self.database,
-                through.saturating_add(MAX_AHEAD)
-            ),
-            &[args(origin)],
-            None,
-        )?;
-        let (start, mut r) = (through, Reader(&answer));
-        while !r.is_empty() && r.u64()? == through + 1 {
-            through += 1;
-        }
-        if through > start {
-            let mut row = Writer::default();
-            row.str(origin).u64(through);
-            self.client.insert(&format!("INSERT INTO {}.watermarks", self.database), row)?;
-        }
-        Ok(through)
     }
 }
 

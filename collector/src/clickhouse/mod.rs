@@ -1,11 +1,12 @@
 //! ClickHouse as the collector's store, for fleets: any number of collectors share one
 //! ClickHouse (or a cluster of them) and none keeps state another needs. Profiles are stored
-//! as rows (`schema`), exactly once across collectors (`ingest`), and queries run where the
-//! data is (`reads`, over selections bound in `select`); retention drops days (`retention`).
+//! as rows (`schema`), exactly once across collectors (`ingest`), inserted with the other
+//! pushes of the moment (`inserts`), and queries run where the data is (`reads`, over selections bound in `select`); retention drops days (`retention`).
 //! `client` speaks ClickHouse's HTTP interface, in `row_binary` both ways, and `stacks` turns
 //! a profile into rows and rows into a profile.
 mod client;
 mod ingest;
+mod inserts;
 mod reads;
 mod retention;
 mod row_binary;
@@ -13,7 +14,10 @@ mod schema;
 mod select;
 mod stacks;
 
-use std::{sync::atomic::AtomicU64, time::Instant};
+use std::{
+    sync::{atomic::AtomicU64, Arc, RwLock},
+    time::Instant,
+};
 
 use anyhow::{Context as _, Result};
 use ember_proto::{ember::AgentIdentity, pprof};
@@ -24,14 +28,22 @@ pub use schema::statements;
 use crate::store::{Checked, Labels, Points, ProfileStore, Selection, Stored};
 
 pub struct ClickHouse {
-    client: client::Client,
+    client: Arc<client::Client>,
+    /// Where pushes' rows wait to be inserted together.
+    inserts: Arc<inserts::Inserts>,
     /// The cluster the tables are Distributed over, if any.
     cluster: Option<String>,
     /// Checked by `statements`: names are spliced into statements.
     database: String,
     /// Profiles that start before this (unix ns) are past retention.
     horizon: AtomicU64,
+    /// (day, stack hash) of the stacks this collector stored: most of a host's stacks repeat
+    /// in its every profile, and are not sent again. Only an economy: a stack sent twice is
+    /// one row once ClickHouse merges.
+    stacks_stored: RwLock<FastSet<(u64, u64)>>,
 }
+
+type FastSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
 
 impl ClickHouse {
     /// Connects and creates the schema where it is missing (a no-op where it exists, so any
@@ -43,11 +55,18 @@ impl ClickHouse {
             Some(_) => vec![("distributed_product_mode", "local"), ("insert_distributed_sync", "1")],
             None => vec![],
         };
-        let client = client::Client::new(connection, &settings)?;
+        let client = Arc::new(client::Client::new(connection, &settings)?);
         for statement in statements(database, cluster)? {
             client.query(&statement, &[], None).with_context(|| format!("creating Ember's tables in ClickHouse at {}", connection.url))?;
         }
-        Ok(ClickHouse { client, cluster: cluster.map(str::to_string), database: database.to_string(), horizon: AtomicU64::new(0) })
+        Ok(ClickHouse {
+            inserts: inserts::Inserts::start(client.clone(), database.to_string()),
+            client,
+            cluster: cluster.map(str::to_string),
+            database: database.to_string(),
+            horizon: AtomicU64::new(0),
+            stacks_stored: RwLock::default(),
+        })
     }
 }
 

@@ -21,25 +21,63 @@ pub struct Stack {
     pub locations: Vec<u64>,
 }
 
-impl Stack {
-    /// A hash that every collector computes alike (FNV-1a over the entries, each field ended).
-    pub fn hash(&self) -> u64 {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        let mut eat = |bytes: &[u8]| {
-            for &b in bytes.iter().chain(&[0xff]) {
-                h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
-            }
-        };
-        for i in 0..self.functions.len() {
-            eat(self.functions[i].as_bytes());
-            eat(self.files[i].as_bytes());
-            eat(&self.lines[i].to_le_bytes());
-            eat(self.binaries[i].as_bytes());
-            eat(self.build_ids[i].as_bytes());
-            eat(&self.addresses[i].to_le_bytes());
-            eat(&self.locations[i].to_le_bytes());
+/// One entry of a stack: function, file, line, binary, build id, address, frame.
+type Entry<'a> = (&'a str, &'a str, i64, &'a str, &'a str, u64, u64);
+
+/// A frame's hash, fed its entries (FNV-1a, each field ended): every collector computes it
+/// alike. A stack's hash mixes its frames' in order (`mix`), so that each frame of a profile
+/// is hashed once however many stacks hold it.
+struct FrameHash(u64);
+
+impl FrameHash {
+    fn new() -> FrameHash {
+        FrameHash(0xcbf2_9ce4_8422_2325)
+    }
+
+    fn eat(&mut self, bytes: &[u8]) {
+        for &b in bytes.iter().chain(&[0xff]) {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0100_0000_01b3);
         }
-        h
+    }
+
+    fn entry(&mut self, (function, file, line, binary, build_id, address, _): Entry) {
+        self.eat(function.as_bytes());
+        self.eat(file.as_bytes());
+        self.eat(&line.to_le_bytes());
+        self.eat(binary.as_bytes());
+        self.eat(build_id.as_bytes());
+        self.eat(&address.to_le_bytes());
+    }
+}
+
+/// A stack's hash so far, and its next frame's.
+fn mix(stack: u64, frame: u64) -> u64 {
+    (stack.rotate_left(27) ^ frame).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+impl Stack {
+    /// The hash `rows` gave it (the tests check they agree).
+    #[cfg(test)]
+    fn hash(&self) -> u64 {
+        let (mut stack, mut frame) = (0, FrameHash::new());
+        for i in 0..self.functions.len() {
+            frame.entry((&self.functions[i], &self.files[i], self.lines[i], &self.binaries[i], &self.build_ids[i], self.addresses[i], self.locations[i]));
+            if self.locations.get(i + 1) != Some(&self.locations[i]) {
+                stack = mix(stack, frame.0);
+                frame = FrameHash::new();
+            }
+        }
+        stack
+    }
+
+    fn push(&mut self, (function, file, line, binary, build_id, address, frame): Entry) {
+        self.functions.push(function.to_string());
+        self.files.push(file.to_string());
+        self.lines.push(line);
+        self.binaries.push(binary.to_string());
+        self.build_ids.push(build_id.to_string());
+        self.addresses.push(address);
+        self.locations.push(frame);
     }
 
     /// The stacks table's columns after (day, stack).
@@ -83,39 +121,47 @@ pub struct Rows {
     pub samples: Vec<(u64, SampleLabels, Vec<i64>)>,
 }
 
-pub fn rows(profile: &Profile) -> Rows {
+/// The profile's rows; of its stacks, only those `wanted` (by hash) are built.
+pub fn rows(profile: &Profile, wanted: &dyn Fn(u64) -> bool) -> Rows {
     let s = |i: i64| string(&profile.string_table, i);
     let functions: FastMap<u64, &Function> = profile.function.iter().map(|f| (f.id, f)).collect();
     let mappings: FastMap<u64, &Mapping> = profile.mapping.iter().map(|m| (m.id, m)).collect();
     let locations: FastMap<u64, &Location> = profile.location.iter().map(|l| (l.id, l)).collect();
+    // Hands each entry of a frame (the `frame`th of its stack) to `visit`.
+    let entries = |location: &Location, frame: u64, visit: &mut dyn FnMut(Entry)| {
+        let mapping = mappings.get(&location.mapping_id);
+        let (binary, build_id) = (mapping.map_or("", |m| s(m.filename)), mapping.map_or("", |m| s(m.build_id)));
+        if location.line.is_empty() {
+            visit(("", "", -1, binary, build_id, location.address, frame));
+        }
+        for line in &location.line {
+            let function = functions.get(&line.function_id);
+            visit((function.map_or("", |f| s(f.name)), function.map_or("", |f| s(f.filename)), line.line, binary, build_id, location.address, frame));
+        }
+    };
+    let frame_hashes: FastMap<u64, u64> = profile
+        .location
+        .iter()
+        .map(|location| {
+            let mut hash = FrameHash::new();
+            entries(location, 0, &mut |entry| hash.entry(entry));
+            (location.id, hash.0)
+        })
+        .collect();
     let mut out = Rows::default();
     let mut known: FastMap<&[u64], u64> = FastMap::default();
     for sample in &profile.sample {
         let hash = match known.get(sample.location_id.as_slice()) {
             Some(&hash) => hash,
             None => {
-                let mut stack = Stack::default();
-                for (frame, location) in sample.location_id.iter().filter_map(|id| locations.get(id)).enumerate() {
-                    let mapping = mappings.get(&location.mapping_id);
-                    let mut entry = |function: &str, file: &str, line: i64| {
-                        stack.functions.push(function.to_string());
-                        stack.files.push(file.to_string());
-                        stack.lines.push(line);
-                        stack.binaries.push(mapping.map_or("", |m| s(m.filename)).to_string());
-                        stack.build_ids.push(mapping.map_or("", |m| s(m.build_id)).to_string());
-                        stack.addresses.push(location.address);
-                        stack.locations.push(frame as u64);
-                    };
-                    if location.line.is_empty() {
-                        entry("", "", -1);
+                let hash = sample.location_id.iter().filter_map(|id| frame_hashes.get(id)).fold(0, |stack, &frame| mix(stack, frame));
+                if wanted(hash) && !out.stacks.contains_key(&hash) {
+                    let mut stack = Stack::default();
+                    for (frame, location) in sample.location_id.iter().filter_map(|id| locations.get(id)).enumerate() {
+                        entries(location, frame as u64, &mut |entry| stack.push(entry));
                     }
-                    for line in &location.line {
-                        let function = functions.get(&line.function_id);
-                        entry(function.map_or("", |f| s(f.name)), function.map_or("", |f| s(f.filename)), line.line);
-                    }
+                    out.stacks.insert(hash, stack);
                 }
-                let hash = stack.hash();
-                out.stacks.entry(hash).or_insert(stack);
                 known.insert(&sample.location_id, hash);
                 hash
             }
@@ -231,8 +277,10 @@ mod tests {
             ],
             ..Default::default()
         };
-        let rows = rows(&profile);
+        assert!(rows(&profile, &|_| false).stacks.is_empty());
+        let rows = rows(&profile, &|_| true);
         assert_eq!(rows.stacks.len(), 2);
+        assert!(rows.stacks.iter().all(|(hash, stack)| stack.hash() == *hash));
         let mut builder = Builder::default();
         let count = builder.string("count");
         builder.profile.sample_type = vec![ember_proto::pprof::ValueType { r#type: builder.string("samples"), unit: count }];

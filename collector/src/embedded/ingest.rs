@@ -30,7 +30,7 @@ impl EmbeddedStore {
             let origin = origin(agent);
             let id = origin.as_str();
             let mut through = contiguous.get(id)?.map(|v| v.value()).unwrap_or(0);
-            for Checked { profile, totals } in profiles {
+            for Checked { profile, totals, .. } in profiles {
                 result.held.push(profile.sequence);
                 let start = profile.start_unix_nanos.max(0) as u64;
                 if start < horizon || profile.sequence <= through || delivered.get((id, profile.sequence))?.is_some() {

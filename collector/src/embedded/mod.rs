@@ -149,7 +149,7 @@ mod tests {
 
     pub(super) fn profile(sequence: u64, start: i64, bytes: usize) -> Checked {
         let profile = Profile { sequence, kind: "cpu".into(), start_unix_nanos: start, end_unix_nanos: start + 1, pprof_gzip: vec![0; bytes], ..Default::default() };
-        Checked { profile, totals: vec![] }
+        Checked { profile, totals: vec![], decoded: None }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 mod alloc;
 mod churn;
 mod faults;
+mod fleet;
 mod churn_cost;
 mod governor;
 mod jit;
@@ -14,6 +15,7 @@ mod offcpu;
 mod oncpu;
 mod python;
 mod soak;
+mod synthetic;
 mod transport;
 mod ui;
 mod unwind;
@@ -32,7 +34,7 @@ use ember_tests::usage::{bpf_usage, cpu_ns, status_kib, BpfStats, BpfUsage};
 #[command(name = "cargo xtask bench")]
 struct BenchArgs {
     /// Which benchmark.
-    #[arg(value_parser = ["oncpu", "offcpu", "governor", "net", "transport", "unwind", "jit", "python", "churn", "soak", "ui", "mappings", "faults", "alloc"])]
+    #[arg(value_parser = ["oncpu", "offcpu", "governor", "net", "transport", "unwind", "jit", "python", "churn", "soak", "ui", "mappings", "faults", "alloc", "fleet"])]
     which: String,
     /// Length of the measured window per run (soak: 600 for the ten minutes its goal is about).
     #[arg(long, default_value_t = 20)]
@@ -79,6 +81,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         "churn" => churn::run(args.seconds),
         "faults" => faults::run(args.seconds),
         "alloc" => alloc::run(args.seconds),
+        "fleet" => fleet::run(args.seconds),
         "soak" => soak::run(args.seconds),
         "ui" => ui::run(),
         "mappings" => mappings::run(args.seconds),
