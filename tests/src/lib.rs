@@ -607,18 +607,29 @@ pub fn record_fixtures(dir: &TempDir, fixtures: Vec<Fixture>, seconds: f64, args
 /// Records `pid` (a runtime waiting in `fixture` for its start) at `hz` with the agent as its
 /// systemd unit runs it (least privilege), around the fixture's run of `seconds`: the
 /// process's samples, and what the fixture printed.
-pub fn record_least_privileged(dir: &TempDir, mut fixture: Fixture, pid: u32, seconds: f64, hz: u32) -> (Vec<Sample>, FixtureRun) {
+pub fn record_least_privileged(dir: &TempDir, fixture: Fixture, pid: u32, seconds: f64, hz: u32) -> (Vec<Sample>, FixtureRun) {
+    record_least_privileged_together(dir, vec![(fixture, pid)], seconds, hz).remove(0)
+}
+
+/// The same for several runtimes at once, under one agent: each one's samples and run, in
+/// order.
+pub fn record_least_privileged_together(dir: &TempDir, fixtures: Vec<(Fixture, u32)>, seconds: f64, hz: u32) -> Vec<(Vec<Sample>, FixtureRun)> {
     std::fs::set_permissions(&dir.0, std::os::unix::fs::PermissionsExt::from_mode(0o777)).expect("opening the temp dir to the agent's user");
     let out = dir.path("p.pb.gz");
     let mut command = least_privilege_agent();
     let duration = format!("{}s", seconds + 2.0);
-    command.args(["record", "-F", &hz.to_string(), "-d", &duration, "-o", out.to_str().expect("UTF-8 temp path"), "--pid", &pid.to_string()]);
+    command.args(["record", "-F", &hz.to_string(), "-d", &duration, "-o", out.to_str().expect("UTF-8 temp path")]);
+    for (_, pid) in &fixtures {
+        command.args(["--pid", &pid.to_string()]);
+    }
     let mut agent = Agent::spawn_command(command);
     agent.wait_ready();
-    fixture.start();
-    let run = fixture.finish();
+    let (mut fixtures, pids): (Vec<Fixture>, Vec<u32>) = fixtures.into_iter().unzip();
+    fixtures.iter_mut().for_each(Fixture::start);
+    let runs: Vec<FixtureRun> = fixtures.into_iter().map(Fixture::finish).collect();
     agent.wait_success(Duration::from_secs(60));
-    (Decoded::read(&out).samples_of(pid).into_iter().cloned().collect(), run)
+    let recorded = Decoded::read(&out);
+    pids.iter().zip(runs).map(|(&pid, run)| (recorded.samples_of(pid).into_iter().cloned().collect(), run)).collect()
 }
 
 /// The file of one kind of a multi-kind recording ("p.pb.gz" -> "p-offcpu.pb.gz").

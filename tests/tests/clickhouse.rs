@@ -145,8 +145,9 @@ fn selectors_and_parameters_that_try_to_reach_the_sql_are_only_data() {
     let store = TestStore::clickhouse(&dir);
     let (grpc, http) = (free_address(), free_address());
     let _collector = CollectorProcess::start_with_http(grpc, http, &store, &[]);
-    push(grpc, "quoted", 1, vec![profile(1, now() - 60, 7, &[("team", "o'brien\\")])]);
-    push(grpc, "plain", 2, vec![profile(1, now() - 60, 11, &[("team", "x")])]);
+    let start = now() - 60;
+    push(grpc, "quoted", 1, vec![profile(1, start, 7, &[("team", "o'brien\\")])]);
+    push(grpc, "plain", 2, vec![profile(1, start, 11, &[("team", "x")])]);
     let encode = |text: &str| text.bytes().map(|b| format!("%{b:02X}")).collect::<String>();
     assert_eq!(total(http, ""), (200, 18));
     // A value with a quote and a backslash is a value like any other.
@@ -160,6 +161,10 @@ fn selectors_and_parameters_that_try_to_reach_the_sql_are_only_data() {
         let (status, body) = http_get(http, &format!("/api/labels?kind={}", encode(kind)));
         assert_eq!((status, String::from_utf8_lossy(&body).as_ref()), (200, r#"{"labels":{},"truncated":[]}"#), "{kind}");
     }
+    // Two profiles that start in the same second, one per group: two profiles, two lines.
+    let (status, body) = http_get(http, "/api/series?kind=cpu&group_by=team");
+    let series: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((status, series["profiles"].as_u64(), series["lines"].as_array().map(Vec::len)), (200, Some(2), Some(2)), "{series}");
     let (status, body) = http_get(http, &format!("/api/series?kind=cpu&group_by={}", encode("team') --")));
     assert!(status == 200 && String::from_utf8_lossy(&body).contains("[none]"), "{status} {}", String::from_utf8_lossy(&body));
     // Too many terms: refused in one line.

@@ -12,7 +12,7 @@ use std::{
 use ember_tests::{
     child_running,
     python::{interpreters, py_spy, py_spy_functions},
-    kind_path, record_fixtures, record_least_privileged, require_root, Decoded, Fixture, FixtureRun, Sample, TempDir, JIT_FIXTURES,
+    kind_path, record_fixtures, record_least_privileged, record_least_privileged_together, require_root, Decoded, Fixture, FixtureRun, Sample, TempDir, JIT_FIXTURES,
 };
 
 const SECONDS: f64 = 4.0;
@@ -57,21 +57,30 @@ fn split_findings(name: &str, samples: &[Sample], run: &FixtureRun) -> (String, 
     (line, problems)
 }
 
+/// Two interpreters at a time under one agent: a core each, so each still gives some 4,000
+/// samples, for half the agent starts.
 #[test]
 fn python_functions_are_walked_in_every_cpython_in_their_split_and_order() {
     require_root();
     let (mut report, mut problems) = (Vec::new(), Vec::new());
-    for (name, python) in interpreters() {
+    for pair in interpreters().chunks(2) {
         let dir = TempDir::new("python-walk");
-        let mut command = Command::new(&python);
-        command.arg(Path::new(JIT_FIXTURES).join("split.py"));
-        let fixture = Fixture::spawn_with(command, "split", SECONDS, &[]);
-        let pid = fixture.pid();
-        let (samples, run) = record(&dir, fixture, pid);
-        let (line, found) = split_findings(&name, &samples, &run);
-        println!("{line}");
-        problems.extend(found.into_iter().map(|p| format!("{name}: {p}")));
-        report.push(line);
+        let fixtures = pair
+            .iter()
+            .map(|(_, python)| {
+                let mut command = Command::new(python);
+                command.arg(Path::new(JIT_FIXTURES).join("split.py"));
+                let fixture = Fixture::spawn_with(command, "split", SECONDS, &[]);
+                let pid = fixture.pid();
+                (fixture, pid)
+            })
+            .collect();
+        for ((name, _), (samples, run)) in pair.iter().zip(record_least_privileged_together(&dir, fixtures, SECONDS, 999)) {
+            let (line, found) = split_findings(name, &samples, &run);
+            println!("{line}");
+            problems.extend(found.into_iter().map(|p| format!("{name}: {p}")));
+            report.push(line);
+        }
     }
     assert!(problems.is_empty(), "{}\n{}", problems.join("\n"), report.join("\n"));
 }

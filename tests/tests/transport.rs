@@ -12,7 +12,6 @@ use ember_tests::{
 over_both_stores!(
     pushed_profiles_are_stored_and_query_returns_the_fixtures_totals,
     bad_pushes_are_refused_without_crashing_or_losing_what_is_stored,
-    a_collector_pulls_from_an_agent_and_resumes_without_gaps_after_a_restart,
     queries_are_bounded_and_overflowing_merges_are_errors,
 );
 
@@ -206,10 +205,11 @@ fn a_collector_with_a_token_refuses_pushes_and_queries_without_it() {
     assert!(rows.len() >= 4 && rows.iter().all(|(agent, _)| agent == "test-agent"), "{rows:?}");
 }
 
-fn a_collector_pulls_from_an_agent_and_resumes_without_gaps_after_a_restart(store: fn(&TempDir) -> TestStore) {
+#[test]
+fn a_collector_pulls_from_an_agent_and_resumes_without_gaps_after_a_restart() {
     require_root();
     let dir = TempDir::new("pull");
-    let (agent_address, data, spool) = (free_address(), store(&dir), dir.path("spool"));
+    let (agent_address, data, spool) = (free_address(), TestStore::embedded(&dir), dir.path("spool"));
     let serve = agent_address.to_string();
     let args = ["run", "-F", "99", "--interval", "1s", "--serve", &serve, "--agent-id", "pulled-agent", "--pid", "1"];
     let mut agent = Agent::spawn(&[&args[..], &["--spool-dir", spool.to_str().unwrap()]].concat());

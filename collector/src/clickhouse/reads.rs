@@ -122,28 +122,29 @@ FROM {}.stacks WHERE stack IN (SELECT stack FROM wanted) GROUP BY stack FORMAT R
         let answer = self.client.query(
             &format!(
                 "WITH {with} SELECT intDiv(start_ns, 1000000000) AS second, intDiv(end_ns - start_ns, 1000000000) AS length, {group} AS name, \
-sum(values[{index}]), uniqExact(origin, sequence) FROM {db}.samples WHERE {filter} GROUP BY second, length, name ORDER BY second FORMAT RowBinary"
+sum(values[{index}]) FROM {db}.samples WHERE {filter} GROUP BY second, length, name ORDER BY second, length FORMAT RowBinary"
             ),
             &bound.external,
             deadline,
         )?;
         let mut points: Vec<(u64, u64, BTreeMap<String, i64>)> = Vec::new();
-        let mut profiles = BTreeMap::new();
         let mut r = Reader(&answer);
         while !r.is_empty() {
-            let (second, length, name, total, count) = (r.u64()?, r.u64()?, r.str()?, r.i64()?, r.u64()?);
+            let (second, length, name, total) = (r.u64()?, r.u64()?, r.str()?, r.i64()?);
             match points.last_mut() {
                 Some(last) if (last.0, last.1) == (second, length) => {
                     last.2.insert(name, total);
                 }
                 _ => points.push((second, length, BTreeMap::from([(name, total)]))),
             }
-            // A profile's groups each count it: keep the most of any group per point.
-            let most = profiles.entry((second, length)).or_insert(0);
-            *most = count.max(*most);
         }
+        let counted = self.client.query(
+            &format!("WITH {with} SELECT uniqExact(origin, sequence) FROM {db}.samples WHERE {filter} FORMAT RowBinary"),
+            &bound.external,
+            deadline,
+        )?;
         let unit = self.unit(selection, value, deadline)?;
-        Ok(Points { points, unit, profiles: profiles.values().sum::<u64>() as usize })
+        Ok(Points { points, unit, profiles: Reader(&counted).u64()? as usize })
     }
 
     /// The unit of sample value `value` in the selection's profiles.
