@@ -9,7 +9,7 @@ use ember_proto::pprof::{Profile, ValueType};
 use super::{
     client::External,
     row_binary::{Reader, Writer},
-    select::{bind, GROUP_VALUE},
+    select::{bind, Bound, GROUP_VALUE},
     stacks::{Builder, SampleLabels, Stack},
     ClickHouse,
 };
@@ -32,7 +32,7 @@ impl ClickHouse {
             return Ok(None);
         }
         let mut builder = Builder::default();
-        self.describe(&mut builder, selection, deadline)?;
+        self.describe(&mut builder, &bound, deadline)?;
         let rows = self.client.query(
             &format!(
                 "WITH {with} SELECT stack, sample_keys, sample_values, sample_num_keys, sample_nums, sumForEach(values), \
@@ -64,8 +64,7 @@ WHERE {filter} GROUP BY stack, sample_keys, sample_values, sample_num_keys, samp
     }
 
     /// Sets the sample types and period of the selection's profiles, which must agree.
-    fn describe(&self, builder: &mut Builder, selection: &Selection, deadline: Option<Instant>) -> Result<()> {
-        let bound = bind(&self.database, selection, "")?;
+    fn describe(&self, builder: &mut Builder, bound: &Bound, deadline: Option<Instant>) -> Result<()> {
         let answer = self.client.query(
             &format!(
                 "SELECT sample_types, sample_units, any(period_type), any(period_unit), any(period) FROM {}.profiles WHERE {} \
@@ -143,13 +142,12 @@ sum(values[{index}]) FROM {db}.samples WHERE {filter} GROUP BY second, length, n
             &bound.external,
             deadline,
         )?;
-        let unit = self.unit(selection, value, deadline)?;
+        let unit = self.unit(&bound, value, deadline)?;
         Ok(Points { points, unit, profiles: Reader(&counted).u64()? as usize })
     }
 
     /// The unit of sample value `value` in the selection's profiles.
-    fn unit(&self, selection: &Selection, value: usize, deadline: Option<Instant>) -> Result<String> {
-        let bound = bind(&self.database, selection, "")?;
+    fn unit(&self, bound: &Bound, value: usize, deadline: Option<Instant>) -> Result<String> {
         let answer = self.client.query(
             &format!("SELECT any(sample_units[{}]) FROM {}.profiles WHERE {} FORMAT RowBinary", value + 1, self.database, bound.profiles),
             &bound.external,
