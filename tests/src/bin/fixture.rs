@@ -116,10 +116,32 @@ fn alloc_rest(size: usize) -> *mut u8 {
     block
 }
 
-/// Allocates `blocks` blocks of `block` bytes and never frees them.
+/// The size of the `alloc` mode's leaked blocks: four of the test's sampling means, so that
+/// nearly each is sampled and the leak's estimate is tight.
+const LEAK_BLOCK: usize = 256 << 10;
+
+/// How many blocks `mode` keeps to its end, for the room made before the start line:
+/// `alloc`'s leak (its first argument, in MiB), `alloc-hold`'s count (its first), the 56 of
+/// `alloc-calls`.
+fn kept_blocks(mode: &str, rest: &[String]) -> usize {
+    match mode {
+        "alloc" => (rest.first().map_or(64, |m| m.parse::<usize>().expect("alloc leak MiB")) << 20) / LEAK_BLOCK,
+        "alloc-hold" => rest.first().map_or(100_000, |c| c.parse().expect("alloc-hold count")),
+        "alloc-calls" => 56,
+        _ => 0,
+    }
+}
+
+/// Allocates `blocks` blocks of `block` bytes into `kept` (room made by the caller) and
+/// never frees them.
 #[inline(never)]
-fn leak(blocks: usize, block: usize) -> Vec<*mut u8> {
-    (0..blocks).map(|_| unsafe { libc::malloc(block) }.cast::<u8>()).inspect(|b| assert!(!b.is_null())).collect()
+fn leak(kept: &mut Vec<*mut u8>, blocks: usize, block: usize) {
+    assert!(kept.capacity() - kept.len() >= blocks, "the caller makes the room");
+    for _ in 0..blocks {
+        let b = unsafe { libc::malloc(block) }.cast::<u8>();
+        assert!(!b.is_null());
+        kept.push(b);
+    }
 }
 
 /// Each allocation call that is not `malloc`, 16 blocks of 256 KiB each, kept (4 MiB a
@@ -320,6 +342,12 @@ fn main() {
     // The receiver listens before the start line, so a sender started at the same moment
     // always finds it.
     let listener = (mode == "tcp-recv").then(|| TcpListener::bind(&rest[0]).expect("binding"));
+    // What a heap profile of a mode must not see is made before the start line, while no
+    // probe is on yet: stdout's buffer, and the room for the addresses of the blocks the mode
+    // keeps (made by a counted function, it would be sampled now and then as its own call;
+    // made later in `main`, as a leak of `main`).
+    let _ = std::io::stdout();
+    let mut kept: Vec<*mut u8> = Vec::with_capacity(kept_blocks(&mode, &rest));
     if wait {
         std::io::stdin().read_line(&mut String::new()).expect("reading the start line");
     }
@@ -401,11 +429,9 @@ fn main() {
             println!("{pages}");
         }
         "alloc" => {
-            // 16 KiB blocks, a quarter of the test's sampling mean; the leak's blocks are four
-            // means, so that nearly each is sampled and its estimate is tight.
+            // 16 KiB blocks, a quarter of the test's sampling mean.
             const BLOCK: usize = 16 << 10;
-            let leak_mib: usize = rest.first().map_or(64, |m| m.parse().expect("alloc leak MiB"));
-            let leaked = leak((leak_mib << 20) / (256 << 10), 256 << 10);
+            leak(&mut kept, kept_blocks(&mode, &rest), LEAK_BLOCK);
             // 700 MiB through the two sites, in runs of 10 blocks, 7 to alloc_most: freed
             // at once, as most allocations are.
             let (mut most, mut rest_bytes) = (0usize, 0usize);
@@ -421,9 +447,9 @@ fn main() {
                     unsafe { libc::free(block.cast()) };
                 }
             }
-            println!("{most} {rest_bytes} {}", leak_mib << 20);
+            println!("{most} {rest_bytes} {}", kept.len() * LEAK_BLOCK);
             std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
-            black_box(leaked);
+            black_box(kept);
         }
         "alloc-loop" => {
             // malloc and free of `size` bytes, as fast as they go: what a probe adds a pair.
@@ -439,17 +465,13 @@ fn main() {
         }
         "alloc-hold" => {
             // `count` blocks of `size` bytes, held to the end.
-            let count: usize = rest.first().map_or(100_000, |c| c.parse().expect("alloc-hold count"));
             let size: usize = rest.get(1).map_or(32 << 10, |s| s.parse().expect("alloc-hold size"));
-            let held = leak(count, size);
-            println!("{}", held.len());
+            leak(&mut kept, kept_blocks(&mode, &rest), size);
+            println!("{}", kept.len());
             std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
-            black_box(held);
+            black_box(kept);
         }
         "alloc-calls" => {
-            // The blocks' addresses are kept in room made here: an allocation of the list
-            // inside a via_* function would be sampled now and then, and count as its own.
-            let mut kept = Vec::with_capacity(64);
             via_calloc(&mut kept);
             via_realloc(&mut kept);
             via_posix_memalign(&mut kept);
