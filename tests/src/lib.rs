@@ -218,9 +218,14 @@ impl TestCgroups {
         format!("{}/{relative}", self.parent())
     }
 
+    /// The directory of a cgroup made by `create`.
+    pub fn dir(&self, relative: &str) -> PathBuf {
+        self.root.join(relative)
+    }
+
     /// Moves a process into a cgroup made by `create`.
     pub fn enter(&self, relative: &str, pid: u32) {
-        let procs = self.root.join(relative).join("cgroup.procs");
+        let procs = self.dir(relative).join("cgroup.procs");
         std::fs::write(&procs, pid.to_string()).unwrap_or_else(|e| panic!("moving {pid} into {}: {e}", procs.display()));
     }
 }

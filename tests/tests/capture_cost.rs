@@ -4,11 +4,12 @@
 //! long gone. Counted by the agent's
 //! `ember_processes_captured_total`. Needs root (the agent loads BPF programs).
 use std::{
+    os::{fd::AsRawFd, unix::process::CommandExt},
     process::{Child, Command},
     time::Duration,
 };
 
-use ember_tests::{fetch_metrics, metric_value, require_root, transport::free_address, Agent, TempDir};
+use ember_tests::{fetch_metrics, metric_value, require_root, transport::free_address, Agent, TempDir, TestCgroups};
 
 /// Starts `count` short processes (`/bin/true`) at about 100 a second.
 fn churn(count: usize) {
@@ -84,7 +85,9 @@ fn processes_that_exec_a_binary_already_open_are_captured_without_reading_proc()
 
 /// A binary that only short processes run (a cron job, a health check) stays open after its
 /// last process is gone and forgotten: the next run is captured from its exec again, with
-/// nothing read, and its tables and facts are not built again.
+/// nothing read, and its tables and facts are not built again. The agent profiles only a
+/// cgroup of the test's, where the runs start: the host's own new processes are read from
+/// /proc at their first sample, and would count.
 #[test]
 fn a_binary_run_again_after_its_processes_are_forgotten_is_captured_from_the_exec() {
     require_root();
@@ -94,8 +97,25 @@ fn a_binary_run_again_after_its_processes_are_forgotten_is_captured_from_the_exe
     // be read from /proc if it must be.
     let binary = dir.path("own-sleep");
     std::fs::copy("/bin/sleep", &binary).expect("copying /bin/sleep");
-    let agent = daemon_every(&dir, "1s", &[], http);
-    let run = || assert!(Command::new(&binary).arg("0.2").status().expect("running the copy").success());
+    let mut cgroups = TestCgroups::new();
+    cgroups.create("runs");
+    let cgroup = cgroups.dir("runs");
+    let agent = daemon_every(&dir, "1s", &["--cgroup", cgroup.to_str().unwrap()], http);
+    let procs = std::fs::OpenOptions::new().write(true).open(cgroup.join("cgroup.procs")).expect("opening the cgroup's cgroup.procs");
+    let run = || {
+        let mut command = Command::new(&binary);
+        command.arg("0.2");
+        let fd = procs.as_raw_fd();
+        // SAFETY: between fork and exec only write(2) runs: "0" moves the writing process,
+        // so each run execs inside the cgroup.
+        unsafe {
+            command.pre_exec(move || match libc::write(fd, b"0".as_ptr().cast(), 1) {
+                1 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            })
+        };
+        assert!(command.status().expect("running the copy in the cgroup").success());
+    };
     run();
     let before = captures(http);
     for _ in 0..3 {
