@@ -1,15 +1,17 @@
 //! What a started process costs the agent: a process the filters exclude costs no read of
-//! /proc, and a process that execs a binary the agent has open already is captured from what
+//! /proc, a process that execs a binary the agent has open already is captured from what
 //! the kernel told at its exec, with nothing read, even when the binary's last process is
-//! long gone. Counted by the agent's
-//! `ember_processes_captured_total`. Needs root (the agent loads BPF programs).
+//! long gone, and a forked child that maps nothing new shares its parent's loaded mappings.
+//! Counted by the agent's metrics. Needs root (the agent loads BPF programs).
 use std::{
     os::{fd::AsRawFd, unix::process::CommandExt},
     process::{Child, Command},
     time::Duration,
 };
 
-use ember_tests::{fetch_metrics, metric_value, require_root, transport::free_address, Agent, TempDir, TestCgroups};
+use ember_tests::{fetch_metrics, metric, metric_value, require_root, transport::free_address, wait_for_metric, Agent, Decoded, Fixture, TempDir, TestCgroups};
+
+const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
 
 /// Starts `count` short processes (`/bin/true`) at about 100 a second.
 fn churn(count: usize) {
@@ -130,4 +132,54 @@ fn a_binary_run_again_after_its_processes_are_forgotten_is_captured_from_the_exe
     let (exec, proc) = (after.0 - before.0, after.1 - before.1);
     println!("3 runs, each after the last one was forgotten: {exec} captured from their exec, {proc} from /proc");
     assert!(exec >= 3.0 && proc < 3.0, "runs of a binary whose processes were forgotten: {exec} captured from the exec, {proc} from /proc");
+}
+
+/// Children forked without an exec map what their parent maps: each is captured (its maps
+/// read) and walked, but shares the parent's loaded mappings. No table is built for it, no
+/// mapping written, and the distinct layouts stay one, at every drain while they run.
+#[test]
+fn forked_children_that_map_nothing_new_share_their_parents_mappings() {
+    require_root();
+    let dir = TempDir::new("capture-forks");
+    let http = free_address();
+    let mut cgroups = TestCgroups::new();
+    cgroups.create("forks");
+    let agent = daemon_every(&dir, "1s", &["--cgroup", cgroups.dir("forks").to_str().unwrap()], http);
+    let mut fixture = Fixture::spawn(FIXTURE, "forks", 30.0);
+    cgroups.enter("forks", fixture.pid());
+    fixture.start();
+    // The parent alone, loaded: what the children must not add to.
+    wait_for_metric(http, "ember_unwind_layouts", Duration::from_secs(20), |n| n >= 1.0);
+    let gauges = || {
+        let text = fetch_metrics(http);
+        let at = |series: &str| metric(&text, series);
+        (at("ember_unwind_layouts"), at("ember_unwind_mappings_loaded"), at("ember_unwind_tables_built_total"), at("ember_processes_captured_total{from=\"proc\"}"))
+    };
+    let parent = gauges();
+    assert_eq!(parent.0, 1.0, "the parent alone loaded {} layouts", parent.0);
+    unsafe { libc::kill(fixture.pid() as i32, libc::SIGUSR1) };
+    // Ten children of 200 ms one after the other, and two drains after the last (an exited
+    // process's mappings are held until the drain that forgets it).
+    let mut most = parent;
+    for _ in 0..40 {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = gauges();
+        most = (most.0.max(now.0), most.1.max(now.1), most.2.max(now.2), now.3);
+    }
+    let run = fixture.finish();
+    agent.signal(libc::SIGTERM);
+    agent.wait_success(Duration::from_secs(30));
+    let children: Vec<String> = run.lines.iter().map(|l| l[0].to_string()).collect();
+    println!("parent (layouts, mappings, tables built, captured from /proc) {parent:?}; most while {} children ran {most:?}", children.len());
+    assert_eq!(children.len(), 10, "the fixture forked {} children", children.len());
+    assert!(most.3 >= parent.3 + 8.0, "{} of 10 children captured from /proc", most.3 - parent.3);
+    assert_eq!((most.0, most.1, most.2), (parent.0, parent.1, parent.2), "children that map nothing new added layouts, mappings or tables");
+    // Walked all the same: their samples in hot_a reach main, but for a first sample or two
+    // of each, taken before it was loaded (walked by frame pointers, which stop in libc).
+    let samples: Vec<_> = Decoded::read_kind(&dir.path("profiles"), "cpu").into_iter().flat_map(|p| p.samples).collect();
+    let of_children: Vec<_> = samples.iter().filter(|s| s.labels.get("pid").is_some_and(|p| children.contains(p)) && s.has_function("fixture::hot_a")).collect();
+    let whole = Decoded::total(&of_children.iter().copied().filter(|s| s.has_function("fixture::main") && s.has_function("_start")).collect::<Vec<_>>());
+    let all = Decoded::total(&of_children);
+    println!("children's samples in hot_a: {all}, {whole} of them whole");
+    assert!(all >= 100 && whole >= all - 20, "{whole} of the children's {all} samples in hot_a reach _start");
 }

@@ -37,8 +37,12 @@
 //!   peer has acknowledged them. Prints "<tid> <bytes> <payload bytes transmitted>" (the
 //!   last counts retransmissions: what the network tracepoints see).
 //! - `udp-closed`: sends ARGS[0] datagrams of 100 bytes to 127.0.0.1:9 (nothing listens).
+//! - `forks`: main -> hot_b until SIGUSR1, then ARGS[0] children (default 10) forked one
+//!   after the other, each main -> hot_a for 200 ms with nothing mapped beyond its parent's.
+//!   Prints each child's pid.
 use std::{
     hint::black_box,
+    sync::atomic::{AtomicBool, Ordering},
     io::Read,
     net::{TcpListener, TcpStream, UdpSocket},
     os::fd::AsRawFd,
@@ -450,6 +454,35 @@ fn main() {
             println!("{most} {rest_bytes} {}", kept.len() * LEAK_BLOCK);
             std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
             black_box(kept);
+        }
+        "forks" => {
+            static GO: AtomicBool = AtomicBool::new(false);
+            extern "C" fn go(_: libc::c_int) {
+                GO.store(true, Ordering::Relaxed);
+            }
+            unsafe { libc::signal(libc::SIGUSR1, go as *const () as libc::sighandler_t) };
+            let children: usize = rest.first().map_or(10, |c| c.parse().expect("forks children"));
+            while !GO.load(Ordering::Relaxed) && Instant::now() < deadline {
+                black_box(hot_b());
+            }
+            for _ in 0..children {
+                match unsafe { libc::fork() } {
+                    0 => {
+                        let until = Instant::now() + Duration::from_millis(200);
+                        while Instant::now() < until {
+                            black_box(hot_a());
+                        }
+                        unsafe { libc::_exit(0) }
+                    }
+                    -1 => panic!("fork: {}", std::io::Error::last_os_error()),
+                    child => {
+                        let mut status = 0;
+                        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+                        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child {child}: {status}");
+                        println!("{child}");
+                    }
+                }
+            }
         }
         "alloc-loop" => {
             // malloc and free of `size` bytes, as fast as they go: what a probe adds a pair.
