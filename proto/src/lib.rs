@@ -14,4 +14,5 @@ pub mod ember {
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ember_descriptor.bin"));
 
 pub mod backoff;
+pub mod http_client;
 pub mod security;

@@ -14,6 +14,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
+use ember_proto::http_client::{http_client, HttpClient};
 use http_body_util::{BodyExt as _, Empty};
 use tokio::sync::{mpsc, Semaphore};
 
@@ -115,7 +116,7 @@ fn cache_path(cache: &Path, build_id: &str) -> PathBuf {
 
 async fn serve(settings: DebuginfodSettings, mut queue: mpsc::UnboundedReceiver<String>, state: Arc<Mutex<HashMap<String, State>>>) {
     let settings = Arc::new(settings);
-    let client = match client() {
+    let client = match http_client() {
         Ok(client) => Arc::new(client),
         Err(e) => {
             tracing::error!("debuginfod is off: {e:#}");
@@ -149,17 +150,7 @@ async fn serve(settings: DebuginfodSettings, mut queue: mpsc::UnboundedReceiver<
     }
 }
 
-type Client = hyper_util::client::legacy::Client<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, Empty<bytes::Bytes>>;
-
-fn client() -> Result<Client> {
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_native_roots()
-        .context("reading the system's TLS roots")?
-        .https_or_http()
-        .enable_http1()
-        .build();
-    Ok(hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector))
-}
+type Client = HttpClient<Empty<bytes::Bytes>>;
 
 /// Tries each server in turn. Ok(false): none has it.
 async fn fetch(settings: &DebuginfodSettings, client: &Client, build_id: &str) -> Result<bool> {

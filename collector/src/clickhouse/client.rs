@@ -4,12 +4,13 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
+use ember_proto::http_client::{http_client, HttpClient};
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::{body::Bytes, header, Method, Request, Uri};
 
 use super::row_binary::Writer;
 
-type Http = hyper_util::client::legacy::Client<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, Full<Bytes>>;
+type Http = HttpClient<Full<Bytes>>;
 
 /// The most an answer may hold: a merged selection is a few MiB of stacks.
 const MAX_ANSWER: usize = 1 << 30;
@@ -47,13 +48,7 @@ impl Client {
         if !matches!(base.scheme_str(), Some("http" | "https")) || base.host().is_none() {
             bail!("ClickHouse URL {:?}: use http://host:port or https://host:port", connection.url);
         }
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_native_roots()
-            .context("reading the system's TLS roots")?
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(connector);
+        let http = http_client()?;
         let credentials = format!("{}:{}", connection.user, connection.password);
         let settings = settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Ok(Client { http, settings, base, authorization: format!("Basic {}", base64(credentials.as_bytes())) })
