@@ -81,3 +81,31 @@ fn small_pprof() -> pprof::Profile {
         ..Default::default()
     }
 }
+
+/// What the ClickHouse store writes and reads back. `data` as a profile.proto that passes the
+/// collector's checks: into rows and back, the same folded stacks for every value. `data` as
+/// ClickHouse's answer of stored stacks (RowBinary): read without a panic, and each stack
+/// read writes back as it was read.
+pub fn clickhouse_rows(data: &[u8]) {
+    use crate::clickhouse::fuzzing::{rows, Builder, Reader, Stack, Writer};
+    let mut answer = Reader(data);
+    while let Ok(stack) = Stack::read(&mut answer) {
+        let mut written = Writer(Vec::new());
+        stack.write(&mut written);
+        assert_eq!(Stack::read(&mut Reader(&written.0)).expect("a stack written reads back"), stack);
+    }
+    let Ok(profile) = ember_pprof::decode(data) else { return };
+    let rows = rows(&profile, &|_| true);
+    let mut builder = Builder::default();
+    for (hash, stack) in &rows.stacks {
+        builder.stack(*hash, stack);
+    }
+    for (hash, labels, values) in rows.samples {
+        builder.sample(hash, &labels, values).expect("every sample's stack was built");
+    }
+    for value in 0..profile.sample_type.len().min(4) {
+        if let Ok(folded) = ember_pprof::folded(&profile, value, &[]) {
+            assert_eq!(ember_pprof::folded(&builder.profile, value, &[]).expect("the same totals"), folded, "value {value}");
+        }
+    }
+}

@@ -44,7 +44,12 @@ pub fn decode_gzip(bytes: &[u8], max_decompressed: u64) -> Result<Profile> {
     let mut raw = Vec::new();
     GzDecoder::new(bytes).take(max_decompressed + 1).read_to_end(&mut raw).context("profile is not gzipped")?;
     anyhow::ensure!(raw.len() as u64 <= max_decompressed, "profile decompresses past the {} MiB limit", max_decompressed >> 20);
-    let profile = Profile::decode(&raw[..]).context("profile is not a valid profile.proto")?;
+    decode(&raw)
+}
+
+/// A profile.proto (not gzipped), checked as `decode_gzip` checks it.
+pub fn decode(raw: &[u8]) -> Result<Profile> {
+    let profile = Profile::decode(raw).context("profile is not a valid profile.proto")?;
     validate(&profile)?;
     Ok(profile)
 }

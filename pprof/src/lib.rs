@@ -5,7 +5,7 @@ mod select;
 mod strings;
 mod views;
 
-pub use codec::{decode_gzip, encode_gzip};
+pub use codec::{decode, decode_gzip, encode_gzip};
 pub use merge::merge;
 pub use select::{retain_samples, totals};
 pub use strings::{string, StringIndex};

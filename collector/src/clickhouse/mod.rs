@@ -25,6 +25,15 @@ use ember_proto::{ember::AgentIdentity, pprof};
 pub use client::Connection;
 pub use schema::statements;
 
+/// For the fuzz target of what goes to ClickHouse and comes back (`crate::fuzz`).
+#[cfg(fuzzing)]
+pub(crate) mod fuzzing {
+    pub use super::{
+        row_binary::{Reader, Writer},
+        stacks::{rows, Builder, Stack},
+    };
+}
+
 use crate::store::{Checked, Labels, Points, ProfileStore, Selection, Stored};
 
 pub struct ClickHouse {

@@ -136,7 +136,8 @@ pub fn rows(profile: &Profile, wanted: &dyn Fn(u64) -> bool) -> Rows {
         }
         for line in &location.line {
             let function = functions.get(&line.function_id);
-            visit((function.map_or("", |f| s(f.name)), function.map_or("", |f| s(f.filename)), line.line, binary, build_id, location.address, frame));
+            // A line below 0 is no line (0), not the -1 of a frame without lines.
+            visit((function.map_or("", |f| s(f.name)), function.map_or("", |f| s(f.filename)), line.line.max(0), binary, build_id, location.address, frame));
         }
     };
     let frame_hashes: FastMap<u64, u64> = profile
