@@ -114,31 +114,54 @@ fn python_execd_in_its_own_namespaces_after_the_agent_started_is_walked() {
 const SHAPES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/python/shapes.py");
 
 /// Runs `shapes.py MODE` on every interpreter under `ember-agent record ARGS`, and hands each
-/// recording (the path of its profile; `kind_path` for each kind of several), the fixture's
-/// truth and pid to `check`, which says what is wrong, if anything. Fails with every
-/// interpreter's findings at once.
-fn each_interpreter(mode: &str, seconds: f64, args: &[&str], check: impl Fn(&str, &Path, &FixtureRun) -> Vec<String>) {
+/// interpreter's recording, the fixture's truth and pid to `check`, which says what is wrong,
+/// if anything. Fails with every interpreter's findings at once.
+fn each_interpreter(mode: &str, seconds: f64, args: &[&str], check: impl Fn(&str, &Recorded, &FixtureRun) -> Vec<String>) {
     on_interpreters(interpreters(), mode, seconds, args, check)
 }
 
-/// `each_interpreter` on the given interpreters.
-fn on_interpreters(interpreters: Vec<(String, PathBuf)>, mode: &str, seconds: f64, args: &[&str], check: impl Fn(&str, &Path, &FixtureRun) -> Vec<String>) {
+/// `each_interpreter` on the given interpreters, two at a time under one agent (a core each,
+/// so each gives as many samples as alone, for half the agent starts).
+fn on_interpreters(interpreters: Vec<(String, PathBuf)>, mode: &str, seconds: f64, args: &[&str], check: impl Fn(&str, &Recorded, &FixtureRun) -> Vec<String>) {
     require_root();
     let mut problems = Vec::new();
-    for (name, python) in interpreters {
+    for pair in interpreters.chunks(2) {
         let dir = TempDir::new(&format!("python-{mode}"));
-        let mut command = Command::new(&python);
-        command.arg(SHAPES);
-        let fixture = Fixture::spawn_with(command, mode, seconds, &[]);
-        let pid = fixture.pid().to_string();
-        let mut all = vec!["--pid", &pid];
+        let fixtures: Vec<Fixture> = pair
+            .iter()
+            .map(|(_, python)| {
+                let mut command = Command::new(python);
+                command.arg(SHAPES);
+                Fixture::spawn_with(command, mode, seconds, &[])
+            })
+            .collect();
+        let pids: Vec<String> = fixtures.iter().map(|f| f.pid().to_string()).collect();
+        let mut all: Vec<&str> = pids.iter().flat_map(|pid| ["--pid", pid.as_str()]).collect();
         all.extend(args);
-        let (out, runs) = record_fixtures(&dir, vec![fixture], seconds, &all);
-        let found = check(&name, &out, &runs[0]);
-        println!("{name}: {}", if found.is_empty() { "ok".to_string() } else { found.join("; ") });
-        problems.extend(found.into_iter().map(|p| format!("{name}: {p}")));
+        let (out, runs) = record_fixtures(&dir, fixtures, seconds, &all);
+        for (((name, _), pid), run) in pair.iter().zip(&pids).zip(&runs) {
+            let found = check(name, &Recorded { out: &out, pid }, run);
+            println!("{name}: {}", if found.is_empty() { "ok".to_string() } else { found.join("; ") });
+            problems.extend(found.into_iter().map(|p| format!("{name}: {p}")));
+        }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// One interpreter's part of a recording of several.
+struct Recorded<'a> {
+    out: &'a Path,
+    pid: &'a str,
+}
+
+impl Recorded<'_> {
+    /// The profile of `kind` (None: the recording's first), with this interpreter's samples
+    /// only.
+    fn profile(&self, kind: Option<&str>) -> Decoded {
+        let mut profile = Decoded::read(&kind.map_or_else(|| self.out.to_path_buf(), |kind| kind_path(self.out, kind)));
+        profile.samples.retain(|s| s.labels.get("pid").is_some_and(|pid| pid == self.pid));
+        profile
+    }
 }
 
 /// The innermost Python frame of a sample.
@@ -148,8 +171,8 @@ fn leaf_python(sample: &Sample) -> Option<&ember_tests::Frame> {
 
 #[test]
 fn python_lines_are_named_in_their_split() {
-    each_interpreter("lines", 4.0, &["-F", "999"], |_, out, run| {
-        let profile = &Decoded::read(out);
+    each_interpreter("lines", 4.0, &["-F", "999"], |_, recorded, run| {
+        let profile = &recorded.profile(None);
         let (line_a, line_b, truth) = (run.lines[0][0] as i64, run.lines[0][1] as i64, run.lines[0][2] as f64 / run.lines[0][3] as f64);
         let in_function: Vec<&Sample> = profile.samples.iter().filter(|s| leaf_python(s).is_some_and(|f| f.function == "two_lines")).collect();
         let on_line = |line| Decoded::total(&in_function.iter().copied().filter(|s| leaf_python(s).is_some_and(|f| f.line == line)).collect::<Vec<_>>());
@@ -168,8 +191,8 @@ fn python_lines_are_named_in_their_split() {
 
 #[test]
 fn python_called_from_c_sits_above_the_c_and_its_python_caller() {
-    each_interpreter("callback", 3.0, &["-F", "499"], |_, out, _| {
-        let profile = &Decoded::read(out);
+    each_interpreter("callback", 3.0, &["-F", "499"], |_, recorded, _| {
+        let profile = &recorded.profile(None);
         let position = |s: &Sample, name: &str| s.frames.iter().position(|f| f.function == name && f.mapping == "[python]");
         let keyed: Vec<&Sample> = profile.samples.iter().filter(|s| position(s, "key").is_some()).collect();
         let layered = keyed.iter().copied().filter(|s| {
@@ -187,8 +210,8 @@ fn python_called_from_c_sits_above_the_c_and_its_python_caller() {
 
 #[test]
 fn python_threads_each_show_their_own_function() {
-    each_interpreter("threads", 3.0, &["-F", "499"], |_, out, run| {
-        let profile = &Decoded::read(out);
+    each_interpreter("threads", 3.0, &["-F", "499"], |_, recorded, run| {
+        let profile = &recorded.profile(None);
         let mut problems = Vec::new();
         if run.lines.len() != 4 {
             problems.push(format!("{} threads reported", run.lines.len()));
@@ -212,13 +235,13 @@ fn python_threads_each_show_their_own_function() {
 /// sampled, added to its blocked time).
 #[test]
 fn python_blocked_time_is_shown_under_its_python_caller() {
-    each_interpreter("block", 3.0, &["--events", "cpu,offcpu"], |_, out, run| {
+    each_interpreter("block", 3.0, &["--events", "cpu,offcpu"], |_, recorded, run| {
         let mut problems = Vec::new();
         if run.lines.len() != 2 || run.lines.iter().any(|line| line[1] < 1_000_000_000) {
             return vec![format!("the fixture's truth: {:?}", run.lines)];
         }
         for (kind, nanoseconds) in [("offcpu", 1), ("wall", 0)] {
-            let profile = Decoded::read(&kind_path(out, kind));
+            let profile = recorded.profile(Some(kind));
             for (line, function) in run.lines.iter().zip(["sleeper", "reader"]) {
                 let (tid, blocked_ns) = (line[0].to_string(), line[1] as f64);
                 let thread = profile.samples_labelled("tid", &tid);
@@ -255,12 +278,12 @@ fn python_network_stacks_carry_the_sending_function() {
     let oldest_pyenv = all.iter().filter(|(name, _)| name.starts_with("pyenv 3.")).min_by_key(|(name, _)| name.split('.').nth(1).and_then(|m| m.parse::<u32>().ok()));
     let chosen: Vec<(String, PathBuf)> = all.iter().take(1).chain(oldest_pyenv).cloned().collect();
     let args = ["--events", "net", "--net-events", "net:net_dev_queue"];
-    on_interpreters(chosen, "send", 3.0, &args, |_, out, run| {
+    on_interpreters(chosen, "send", 3.0, &args, |_, recorded, run| {
         let (tid, transmitted) = (run.lines[0][0].to_string(), run.lines[0][2] as i64);
         if transmitted < 8 << 20 {
             return vec![format!("{transmitted} bytes transmitted")];
         }
-        let profile = Decoded::read(out);
+        let profile = recorded.profile(None);
         let sent: Vec<&Sample> = profile
             .samples_labelled("tid", &tid)
             .into_iter()
@@ -279,8 +302,8 @@ fn python_network_stacks_carry_the_sending_function() {
 
 #[test]
 fn python_functions_have_their_qualified_names_from_3_11() {
-    each_interpreter("names", 3.0, &["-F", "499"], |_, out, _| {
-        let profile = &Decoded::read(out);
+    each_interpreter("names", 3.0, &["-F", "499"], |_, recorded, _| {
+        let profile = &recorded.profile(None);
         let qualified = profile.samples.iter().any(|s| s.frames.iter().any(|f| f.mapping == "[python]" && f.function.contains('.')));
         let (method, inner) = if qualified { ("Outer.method", "outer.<locals>.inner") } else { ("method", "inner") };
         let named = |name: &str| Decoded::total(&profile.samples.iter().filter(|s| leaf_python(s).is_some_and(|f| f.function == name)).collect::<Vec<_>>());
@@ -300,8 +323,8 @@ fn python_functions_have_their_qualified_names_from_3_11() {
 /// cannot be named at all.)
 #[test]
 fn python_code_freed_before_the_drain_keeps_its_name() {
-    each_interpreter("freed", 4.0, &["-F", "499"], |_, out, _| {
-        let profile = &Decoded::read(out);
+    each_interpreter("freed", 4.0, &["-F", "499"], |_, recorded, _| {
+        let profile = &recorded.profile(None);
         let frames = || profile.samples.iter().flat_map(|s| s.frames.iter().map(move |f| (s, f))).filter(|(_, f)| f.mapping == "[python]");
         let ran = frames().filter(|(_, f)| f.file == "freed_code").map(|(s, _)| s.values[0]).sum::<i64>();
         let under_main = |s: &Sample| {
