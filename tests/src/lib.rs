@@ -738,12 +738,14 @@ impl Decoded {
     }
 
     /// Every profile of one kind the daemon wrote into `dir` (`<kind>-<UTC start>.pb.gz`).
+    /// The profiles of `kind` in an output directory, whole ones only (not a file the agent is
+    /// writing at the moment, which ends in `.tmp` until it is renamed).
     pub fn read_kind(dir: &Path, kind: &str) -> Vec<Decoded> {
         let prefix = format!("{kind}-");
         std::fs::read_dir(dir)
             .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
             .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .filter(|e| e.file_name().to_str().is_some_and(|name| name.starts_with(&prefix) && name.ends_with(".pb.gz")))
             .map(|e| Decoded::read(&e.path()))
             .collect()
     }
