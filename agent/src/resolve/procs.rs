@@ -23,7 +23,7 @@ use super::{
 use agent_common::ExeImage;
 
 use crate::{
-    ops::metrics,
+    ops::{memory, metrics},
     unwind::{MappedFile, TableKey},
 };
 
@@ -486,6 +486,10 @@ impl ProcessTable {
         if self.refused.len() > MAX_REFUSED {
             self.refused.clear(); // tried once more each
         }
+        memory::fit(&mut self.processes);
+        memory::fit(&mut self.earlier);
+        memory::fit(&mut self.binaries);
+        memory::fit(&mut self.by_mapped);
         forgotten
     }
 }

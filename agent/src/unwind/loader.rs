@@ -20,7 +20,10 @@ use super::{
     space::Space,
     table_of_file, UnwindTable,
 };
-use crate::{kernel::UnwindMaps, ops::metrics};
+use crate::{
+    kernel::UnwindMaps,
+    ops::{memory, metrics},
+};
 
 /// What identifies an executable's table across processes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -177,6 +180,8 @@ impl Unwinder {
         self.rows.release();
         self.pages.release();
         self.slots.release();
+        memory::fit(&mut self.layouts);
+        memory::fit(&mut self.processes);
         self.intervals += 1;
         let now = self.intervals;
         self.tables.retain(|key, table| match table {
