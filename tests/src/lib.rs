@@ -737,9 +737,9 @@ impl Decoded {
         Decoded { profile, samples }
     }
 
-    /// Every profile of one kind the daemon wrote into `dir` (`<kind>-<UTC start>.pb.gz`).
-    /// The profiles of `kind` in an output directory, whole ones only (not a file the agent is
-    /// writing at the moment, which ends in `.tmp` until it is renamed).
+    /// Every profile of one kind the daemon wrote into `dir` (`<kind>-<UTC start>.pb.gz`),
+    /// whole ones only: not a file it is writing at the moment, which ends in `.tmp` until it
+    /// is renamed.
     pub fn read_kind(dir: &Path, kind: &str) -> Vec<Decoded> {
         let prefix = format!("{kind}-");
         std::fs::read_dir(dir)

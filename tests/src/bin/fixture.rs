@@ -42,10 +42,10 @@
 //!   Prints each child's pid.
 use std::{
     hint::black_box,
-    sync::atomic::{AtomicBool, Ordering},
     io::Read,
     net::{TcpListener, TcpStream, UdpSocket},
     os::fd::AsRawFd,
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
