@@ -6,6 +6,8 @@
 //! host give their room back as the processes go (`fit`).
 use std::{collections::HashMap, fs, hash::Hash};
 
+use crate::resolve::MapsLine;
+
 /// Called by the pipeline thread after each interval.
 pub fn give_back() {
     // SAFETY: no preconditions; it only returns free heap pages to the kernel.
@@ -13,20 +15,23 @@ pub fn give_back() {
     release_file_pages();
 }
 
-/// Shrinks a table that is less than half used. Hash tables only grow: one that follows the
-/// processes of the host would otherwise keep, for good, the doubled room of a moment when
-/// their count crossed a doubling point (some 0.7 MiB for the process table at 1,800
-/// processes). Called once per interval, so a count that hovers about that point costs a
-/// rehash an interval at most.
-pub fn fit<K: Eq + Hash, V>(table: &mut HashMap<K, V>) {
-    if table.capacity() > 2 * table.len() + 64 {
-        table.shrink_to_fit();
+/// Shrinks a table to the most it held since the last call (`peak`), when that is less than
+/// half its room. Hash tables only grow: one that follows the processes of the host would
+/// otherwise keep, for good, the doubled room of a moment when their count crossed a doubling
+/// point (some 0.7 MiB for the process table at 1,800 processes). Sized by the peak, not by
+/// what is left after a sweep: a table that fills between sweeps would otherwise shrink at
+/// every sweep and grow back before the next, a rehash and a large block freed and taken
+/// again each interval.
+pub fn fit<K: Eq + Hash, V>(table: &mut HashMap<K, V>, peak: usize) {
+    let peak = peak.max(table.len());
+    if table.capacity() > 2 * peak + 64 {
+        table.shrink_to(peak);
     }
 }
 
 fn release_file_pages() {
     let Ok(maps) = fs::read_to_string("/proc/self/maps") else { return };
-    for (start, end) in maps.lines().filter_map(read_only_file_mapping) {
+    for (start, end) in maps.lines().filter_map(MapsLine::parse).filter_map(read_only_file_mapping) {
         // SAFETY: the range is a whole mapping of a file, shared and read-only: dropping its
         // pages loses nothing, and a later read faults them in again from the page cache.
         unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
@@ -36,15 +41,12 @@ fn release_file_pages() {
 /// (start, end) of a `/proc/self/maps` line that maps a regular file shared and read-only: how
 /// blazesym and the symbol indexes map what they read. Code and the agent's own data are
 /// private mappings; BPF maps and perf buffers map anonymous inodes, whose pages must stay.
-fn read_only_file_mapping(line: &str) -> Option<(usize, usize)> {
-    let mut fields = line.split_whitespace();
-    let (range, perms) = (fields.next()?, fields.next()?);
-    let path = fields.nth(3)?;
-    if perms != "r--s" || !path.starts_with('/') || path.starts_with("/memfd:") || line.ends_with("(deleted)") {
+fn read_only_file_mapping(line: MapsLine) -> Option<(usize, usize)> {
+    let path = line.path;
+    if line.perms != "r--s" || !path.starts_with('/') || path.starts_with("/memfd:") || path.ends_with("(deleted)") {
         return None;
     }
-    let (start, end) = range.split_once('-')?;
-    Some((usize::from_str_radix(start, 16).ok()?, usize::from_str_radix(end, 16).ok()?))
+    Some((usize::try_from(line.start).ok()?, usize::try_from(line.end).ok()?))
 }
 
 #[cfg(test)]
@@ -52,16 +54,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_table_less_than_half_used_gives_its_room_back() {
+    fn a_table_gives_back_only_the_room_its_peak_did_not_use() {
         let mut table: HashMap<u32, [u8; 100]> = (0..2000).map(|i| (i, [0; 100])).collect();
-        let peak = table.capacity();
-        table.retain(|&i, _| i < 1800);
-        fit(&mut table);
-        // (Removals leave tombstones, which may take a slot or two of the room shown.)
-        assert!(table.capacity() * 10 >= peak * 9, "half used: {} of {peak} kept", table.capacity());
+        let room = table.capacity();
         table.retain(|&i, _| i < 500);
-        fit(&mut table);
-        assert!(table.capacity() < peak / 2 && table.len() == 500, "{} of {peak} kept for 500", table.capacity());
+        // Emptied by a sweep after a peak of 2,000: the room stays for the next peak.
+        // (Removals leave tombstones, which may take a slot or two of the room shown.)
+        let kept = |table: &HashMap<u32, [u8; 100]>| table.capacity() * 10 >= room * 9;
+        fit(&mut table, 2000);
+        assert!(kept(&table), "the room of a peak that comes back is kept: {} of {room}", table.capacity());
+        // A peak of 1,800 still uses more than half of it.
+        fit(&mut table, 1800);
+        assert!(kept(&table), "{} of {room} kept for a peak of 1,800", table.capacity());
+        // The host calmed down: peaks of 500 give the room back.
+        fit(&mut table, 500);
+        assert!(table.capacity() < room / 2 && table.len() == 500, "{} of {room} kept for 500", table.capacity());
     }
 
     #[test]
@@ -75,7 +82,7 @@ mod tests {
             ("7ff4a9b23000-7ff4a9b44000 r--s 00000000 00:01 77  /memfd:spool (deleted)", None),
         ];
         for (line, expected) in lines {
-            assert_eq!(read_only_file_mapping(line), expected, "{line}");
+            assert_eq!(read_only_file_mapping(MapsLine::parse(line).unwrap()), expected, "{line}");
         }
     }
 

@@ -4,10 +4,10 @@
 use std::{fs::File, sync::Arc};
 
 use agent_common::allocator_call;
-use object::{Object as _, ObjectSegment as _, ObjectSymbol as _, SymbolKind};
+use object::{Object as _, ObjectSymbol as _, SymbolKind};
 
 use super::{untrusted::read_with, Binary};
-use crate::kernel::AllocProbe;
+use crate::{kernel::AllocProbe, unwind::executable_segments};
 
 /// A process's allocator: the file to probe and where its functions are in it.
 #[derive(Debug)]
@@ -62,11 +62,8 @@ pub fn find(binaries: &[Arc<Binary>]) -> Option<Allocator> {
 pub fn functions_in(file: &File) -> Vec<(AllocProbe, u64)> {
     let cache = object::read::ReadCache::new(file);
     let Ok(elf) = object::File::parse(&cache) else { return Vec::new() };
-    let segments: Vec<(u64, u64, u64)> = elf.segments().map(|s| (s.address(), s.size(), s.file_range().0)).collect();
-    let file_offset = |address: u64| {
-        let &(start, _, offset) = segments.iter().find(|&&(start, size, _)| address >= start && address - start < size)?;
-        offset.checked_add(address - start)
-    };
+    let segments = executable_segments(&elf);
+    let file_offset = |address: u64| segments.iter().find_map(|s| s.file_offset_of(address));
     let mut found: Vec<(AllocProbe, u64)> = Vec::new();
     for symbol in elf.dynamic_symbols().chain(elf.symbols()) {
         if symbol.kind() != SymbolKind::Text || symbol.is_undefined() || symbol.address() == 0 {

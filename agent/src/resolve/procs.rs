@@ -460,6 +460,8 @@ impl ProcessTable {
     /// Marks processes that are gone, and forgets those that were already marked at the
     /// previous sweep (one interval of grace for samples still in flight). Returns those.
     pub fn sweep(&mut self) -> Vec<u32> {
+        // Only sweeps take entries out: what the tables hold now is the most since the last.
+        let peaks = (self.processes.len(), self.earlier.len(), self.binaries.len(), self.by_mapped.len());
         let forgotten: Vec<u32> = self.processes.iter().filter(|(_, p)| p.exited).map(|(tgid, _)| *tgid).collect();
         let now = Instant::now();
         for mapping in self.processes.values().filter(|p| p.exited).flat_map(|p| &p.mappings) {
@@ -486,10 +488,10 @@ impl ProcessTable {
         if self.refused.len() > MAX_REFUSED {
             self.refused.clear(); // tried once more each
         }
-        memory::fit(&mut self.processes);
-        memory::fit(&mut self.earlier);
-        memory::fit(&mut self.binaries);
-        memory::fit(&mut self.by_mapped);
+        memory::fit(&mut self.processes, peaks.0);
+        memory::fit(&mut self.earlier, peaks.1);
+        memory::fit(&mut self.binaries, peaks.2);
+        memory::fit(&mut self.by_mapped, peaks.3);
         forgotten
     }
 }

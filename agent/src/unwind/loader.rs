@@ -65,6 +65,9 @@ pub struct Unwinder {
     layouts: HashMap<Layout, Shared>,
     /// Each loaded process's layout.
     processes: HashMap<u32, Layout>,
+    /// The most `processes` and `layouts` held since the last `retain` (exited processes
+    /// are forgotten just before it).
+    peaks: (usize, usize),
     /// The last `ProcessMappings::generation` handed out.
     generation: u32,
     /// Intervals ended (`retain` calls).
@@ -92,6 +95,7 @@ impl Unwinder {
             tables: HashMap::new(),
             layouts: HashMap::new(),
             processes: HashMap::new(),
+            peaks: (0, 0),
             generation: 0,
             intervals: 0,
         }
@@ -121,6 +125,7 @@ impl Unwinder {
         if let Some(old) = self.processes.insert(tgid, layout) {
             self.release(&old);
         }
+        self.peaks = (self.peaks.0.max(self.processes.len()), self.peaks.1.max(self.layouts.len()));
         Ok(())
     }
 
@@ -180,8 +185,9 @@ impl Unwinder {
         self.rows.release();
         self.pages.release();
         self.slots.release();
-        memory::fit(&mut self.layouts);
-        memory::fit(&mut self.processes);
+        memory::fit(&mut self.processes, self.peaks.0);
+        memory::fit(&mut self.layouts, self.peaks.1);
+        self.peaks = (self.processes.len(), self.layouts.len());
         self.intervals += 1;
         let now = self.intervals;
         self.tables.retain(|key, table| match table {

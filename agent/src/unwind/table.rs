@@ -228,6 +228,13 @@ impl Segment {
     pub fn address_of(&self, file_offset: u64) -> Option<u64> {
         (self.file_range.0..self.file_range.1).contains(&file_offset).then(|| (file_offset - self.file_range.0).wrapping_add(self.address))
     }
+
+    /// Where in the file the byte at virtual address `address` (as in the file) is, if this
+    /// segment holds it.
+    pub fn file_offset_of(&self, address: u64) -> Option<u64> {
+        let offset = self.file_range.0.checked_add(address.checked_sub(self.address)?)?;
+        (offset < self.file_range.1).then_some(offset)
+    }
 }
 
 /// The frame-pointer rule as a row: CFA = rbp + 16, rbp saved at CFA - 16.
@@ -297,5 +304,22 @@ fn rule_of(row: &gimli::UnwindTableRow<usize>) -> Rule {
     match (i32::try_from(cfa_offset), i16::try_from(rbp_offset)) {
         (Ok(cfa_offset), Ok(rbp_offset)) => Rule::Frame { cfa_is_rbp, cfa_offset, rbp_offset },
         _ => Rule::Unsupported(Unsupported::LargeOffset),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Segment;
+
+    #[test]
+    fn a_segment_maps_file_offsets_and_addresses_both_ways_within_its_bytes() {
+        let code = Segment { address: 0x40_1000, file_range: (0x1000, 0x3000) };
+        assert_eq!(code.address_of(0x1010), Some(0x40_1010));
+        assert_eq!(code.file_offset_of(0x40_1010), Some(0x1010));
+        assert_eq!(code.file_offset_of(0x40_0fff), None, "before the segment");
+        assert_eq!(code.file_offset_of(0x40_3000), None, "past its bytes in the file");
+        assert_eq!(code.address_of(0x3000), None);
+        let crafted = Segment { address: u64::MAX - 1, file_range: (u64::MAX - 1, u64::MAX) };
+        assert_eq!(crafted.file_offset_of(u64::MAX), None, "no wrap on a crafted segment");
     }
 }
