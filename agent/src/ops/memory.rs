@@ -6,8 +6,6 @@
 //! host give their room back as the processes go (`fit`).
 use std::{collections::HashMap, fs, hash::Hash};
 
-use crate::resolve::MapsLine;
-
 /// Called by the pipeline thread after each interval.
 pub fn give_back() {
     // SAFETY: no preconditions; it only returns free heap pages to the kernel.
@@ -31,7 +29,7 @@ pub fn fit<K: Eq + Hash, V>(table: &mut HashMap<K, V>, peak: usize) {
 
 fn release_file_pages() {
     let Ok(maps) = fs::read_to_string("/proc/self/maps") else { return };
-    for (start, end) in maps.lines().filter_map(MapsLine::parse).filter_map(read_only_file_mapping) {
+    for (start, end) in maps.lines().filter_map(read_only_file_mapping) {
         // SAFETY: the range is a whole mapping of a file, shared and read-only: dropping its
         // pages loses nothing, and a later read faults them in again from the page cache.
         unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
@@ -41,12 +39,15 @@ fn release_file_pages() {
 /// (start, end) of a `/proc/self/maps` line that maps a regular file shared and read-only: how
 /// blazesym and the symbol indexes map what they read. Code and the agent's own data are
 /// private mappings; BPF maps and perf buffers map anonymous inodes, whose pages must stay.
-fn read_only_file_mapping(line: MapsLine) -> Option<(usize, usize)> {
-    let path = line.path;
-    if line.perms != "r--s" || !path.starts_with('/') || path.starts_with("/memfd:") || path.ends_with("(deleted)") {
+fn read_only_file_mapping(line: &str) -> Option<(usize, usize)> {
+    let mut fields = line.split_whitespace();
+    let (range, perms) = (fields.next()?, fields.next()?);
+    let path = fields.nth(3)?;
+    if perms != "r--s" || !path.starts_with('/') || path.starts_with("/memfd:") || line.ends_with("(deleted)") {
         return None;
     }
-    Some((usize::try_from(line.start).ok()?, usize::try_from(line.end).ok()?))
+    let (start, end) = range.split_once('-')?;
+    Some((usize::from_str_radix(start, 16).ok()?, usize::from_str_radix(end, 16).ok()?))
 }
 
 #[cfg(test)]
@@ -82,7 +83,7 @@ mod tests {
             ("7ff4a9b23000-7ff4a9b44000 r--s 00000000 00:01 77  /memfd:spool (deleted)", None),
         ];
         for (line, expected) in lines {
-            assert_eq!(read_only_file_mapping(MapsLine::parse(line).unwrap()), expected, "{line}");
+            assert_eq!(read_only_file_mapping(line), expected, "{line}");
         }
     }
 

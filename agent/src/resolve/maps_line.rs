@@ -6,8 +6,7 @@ pub struct MapsLine<'l> {
     pub range: &'l str,
     pub start: u64,
     pub end: u64,
-    /// "r-xp": read, write, execute, and shared or private.
-    pub perms: &'l str,
+    pub executable: bool,
     pub file_offset: u64,
     /// "major:minor" in hex.
     pub device: &'l str,
@@ -35,16 +34,12 @@ impl<'l> MapsLine<'l> {
             range,
             start,
             end,
-            perms,
+            executable: perms.contains('x'),
             file_offset: u64::from_str_radix(offset, 16).ok()?,
             device,
             inode: inode.parse().ok()?,
             path: rest.trim_start_matches(' '),
         })
-    }
-
-    pub fn executable(&self) -> bool {
-        self.perms.contains('x')
     }
 }
 
@@ -61,7 +56,7 @@ mod tests {
                 range: "55d1c2a00000-55d1c2a21000",
                 start: 0x55d1c2a00000,
                 end: 0x55d1c2a21000,
-                perms: "r-xp",
+                executable: true,
                 file_offset: 0x2000,
                 device: "fd:01",
                 inode: 1234567,
@@ -69,7 +64,7 @@ mod tests {
             }
         );
         let anonymous = MapsLine::parse("7f0000000000-7f0000001000 rw-p 00000000 00:00 0 ").unwrap();
-        assert_eq!((anonymous.executable(), anonymous.inode, anonymous.path), (false, 0, ""));
+        assert_eq!((anonymous.executable, anonymous.inode, anonymous.path), (false, 0, ""));
         assert_eq!(MapsLine::parse("7f0000001000-7f0000000000 r-xp 00000000 00:00 0"), None, "end before start");
         assert_eq!(MapsLine::parse("7f0000000000-7f0000001000 r-xp"), None);
         assert_eq!(MapsLine::parse(""), None);

@@ -29,10 +29,9 @@ pub use cgroups::cgroup_id;
 pub use interval::{ResolvedInterval, ResolvedSample, Site};
 pub use procs::UserAddress;
 pub use python::PythonFrame;
-pub use maps_line::MapsLine;
 pub use targets::Targets;
 #[cfg(fuzzing)]
-pub use targets::from_cgroup_path;
+pub use {maps_line::MapsLine, targets::from_cgroup_path};
 #[cfg(fuzzing)]
 pub(crate) use {life::parse_stat, perf_map::{own_pid, PerfMap}, python::fuzzing as python_parsers, vdso::memory_file};
 
