@@ -319,7 +319,9 @@ mod tests {
         assert_eq!(code.file_offset_of(0x40_0fff), None, "before the segment");
         assert_eq!(code.file_offset_of(0x40_3000), None, "past its bytes in the file");
         assert_eq!(code.address_of(0x3000), None);
-        let crafted = Segment { address: u64::MAX - 1, file_range: (u64::MAX - 1, u64::MAX) };
-        assert_eq!(crafted.file_offset_of(u64::MAX), None, "no wrap on a crafted segment");
+        assert_eq!(code.file_offset_of(0x40_2fff), Some(0x2fff), "its last byte");
+        // Crafted: a file range near the top of u64, where offset + distance would wrap.
+        let crafted = Segment { address: 0, file_range: (u64::MAX - 1, u64::MAX) };
+        assert_eq!(crafted.file_offset_of(10), None, "no wrap on a crafted segment");
     }
 }
