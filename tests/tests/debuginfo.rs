@@ -214,12 +214,13 @@ fn stripped_behind_debuginfod(dir: &TempDir, name: &str, id: &str, delay: Durati
 
 /// `record` starts the fetch when it opens the binary (at its exec), and waits for a fetch
 /// still in flight when the recording ends: a fetch that takes longer than the recording still
-/// names the profile.
+/// names the profile. The server answers 2 s after the 2 s recording ends, well past the
+/// programs' detach (about 0.4 s here), so the fetch is still in flight when the agent checks.
 #[test]
 fn record_names_a_stripped_binary_from_debug_info_that_arrives_after_the_recording() {
     require_root();
     let dir = TempDir::new("debuginfod-record");
-    let (mut child, _server, flags) = stripped_behind_debuginfod(&dir, "late", "6666666666666666666666666666666666666666", Duration::from_millis(2500), "10s");
+    let (mut child, _server, flags) = stripped_behind_debuginfod(&dir, "late", "6666666666666666666666666666666666666666", Duration::from_millis(4000), "10s");
     let out = dir.path("p.pb.gz");
     let mut args = vec!["record", "-F", "499", "-d", "2s", "-o", out.to_str().unwrap()];
     args.extend(flags.iter().map(String::as_str));
@@ -234,7 +235,7 @@ fn record_names_a_stripped_binary_from_debug_info_that_arrives_after_the_recordi
     let (named, all) = named(&[Decoded::read(&out)], child.id());
     assert!(all > 300 && named as f64 >= 0.95 * all as f64, "{named} of {all} samples name debuginfo_hot\n{stderr}");
     assert!(stderr.contains("waiting for debug info"), "the recording did not say it waited:\n{stderr}");
-    assert!(took < Duration::from_secs(8), "the recording took {took:?}");
+    assert!(took < Duration::from_secs(10), "the recording took {took:?}");
 }
 
 /// In `run`, a binary whose debug info is fetched during an interval is named in that interval.
