@@ -50,8 +50,8 @@ pub async fn run(settings: RunSettings) -> Result<()> {
     let debuginfod = symbolize::start_debuginfod(&settings.symbols);
     let prefetch = debuginfod.clone().map(|d| symbolize::prefetcher(&settings.symbols, d));
     // Loading takes a second or more (tables of every running process): off this thread, so
-    // that the status server answers meanwhile, on one that ends with it (a blocking-pool
-    // thread would idle on for seconds, then take its CPU time out of the process's threads).
+    // that the status server answers meanwhile, on one that ends when it is done (a
+    // blocking-pool thread would idle on for seconds).
     let (kernel, targets) = (settings.kernel.clone(), Targets::new(pods, settings.relabel));
     let (runtime, (loaded, loading)) = (tokio::runtime::Handle::current(), tokio::sync::oneshot::channel());
     std::thread::Builder::new()

@@ -14,6 +14,7 @@ use prost::Message;
 
 pub mod bigdebug;
 pub mod browser;
+pub mod cgroup_cpu;
 pub mod clickhouse;
 pub mod kube_api;
 pub mod nofp;

@@ -28,7 +28,10 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
-use ember_tests::usage::{bpf_usage, cpu_ns, status_kib, BpfStats, BpfUsage};
+use ember_tests::{
+    cgroup_cpu::CgroupCpu,
+    usage::{bpf_usage, status_kib, BpfStats, BpfUsage},
+};
 
 #[derive(clap::Parser)]
 #[command(name = "cargo xtask bench")]
@@ -107,14 +110,16 @@ pub fn opt(value: Option<f64>, digits: usize) -> String {
     value.map_or("n/a".to_string(), |v| format!("{v:.digits$}"))
 }
 
-/// A profiler process under measurement.
+/// A profiler process under measurement, in a cgroup of its own that counts its CPU time.
 pub struct Profiler {
     name: &'static str,
     child: Child,
+    cpu: CgroupCpu,
 }
 
 /// What a profiler process has used so far.
 pub struct Snapshot {
+    /// CPU time of all its threads, ended ones included, and of its children.
     pub cpu_ns: u64,
     pub peak_rss_mib: f64,
     /// RSS now, and how much of it is mapped files (binaries, debug info being read).
@@ -125,8 +130,10 @@ pub struct Snapshot {
 
 impl Profiler {
     pub fn start(name: &'static str, mut command: Command) -> Result<Profiler> {
+        let cpu = CgroupCpu::new(name)?;
+        cpu.enter_on_exec(&mut command);
         let child = command.stderr(Stdio::null()).spawn().with_context(|| format!("starting {name}"))?;
-        Ok(Profiler { name, child })
+        Ok(Profiler { name, child, cpu })
     }
 
     pub fn pid(&self) -> u32 {
@@ -139,7 +146,7 @@ impl Profiler {
             .with_context(|| format!("{} exited before it was measured", self.name))?;
         let mib = |field: &str| status_kib(&status, field) as f64 / 1024.0;
         Ok(Snapshot {
-            cpu_ns: cpu_ns(pid),
+            cpu_ns: self.cpu.cpu_ns()?,
             peak_rss_mib: mib("VmHWM:"),
             rss_mib: mib("VmRSS:"),
             file_rss_mib: mib("RssFile:"),

@@ -34,7 +34,7 @@ pub fn run(seconds: u64) -> Result<()> {
     }
     let warm_up = soak::settle(agent.pid(), WARM_UP, Duration::from_secs(30), MAX_WARM_UP).context("ember-agent exited in its warm-up")?;
     println!("warm-up: {}s", warm_up.as_secs());
-    let started = Instant::now();
+    let (started, cpu_from) = (Instant::now(), agent.snapshot()?.cpu_ns);
     let mut samples = Vec::new();
     loop {
         samples.push(Footprint::of(agent.pid(), started.elapsed()).context("ember-agent exited during the soak")?);
@@ -43,7 +43,7 @@ pub fn run(seconds: u64) -> Result<()> {
         }
         std::thread::sleep(EVERY);
     }
-    let peak = agent.snapshot()?.peak_rss_mib;
+    let (end, measured) = (agent.snapshot()?, started.elapsed());
     agent.stop()?;
     for mut process in load {
         let _ = process.kill();
@@ -55,8 +55,8 @@ pub fn run(seconds: u64) -> Result<()> {
     println!();
     println!("Command: cargo xtask bench soak --seconds {seconds}");
     print!("{}", soak::table(&samples));
-    let cpu = (samples.last().unwrap().cpu_ns - samples[0].cpu_ns) as f64 / window.as_nanos() as f64 * 100.0;
-    println!("CPU over the window: {cpu:.2}% of one core; peak RSS over the whole run, start-up included: {peak:.1} MiB");
+    let cpu = (end.cpu_ns - cpu_from) as f64 / measured.as_nanos() as f64 * 100.0;
+    println!("CPU over the window: {cpu:.2}% of one core; peak RSS over the whole run, start-up included: {:.1} MiB", end.peak_rss_mib);
     println!("first third -> last third: {growth:?}");
     match growth.problems() {
         problems if problems.is_empty() => println!("flat: nothing grew beyond noise after the warm-up"),
