@@ -58,7 +58,7 @@ fn matches<'s>(stored: &StoredProfile, kind: &str, selector: &'s BTreeMap<String
 
 /// Profiles decoded before they are merged into a partial result: memory holds one chunk of
 /// decoded profiles and the partial merges, not every profile of the range at once.
-const CHUNK: usize = 64;
+pub const CHUNK: usize = 64;
 
 /// Hands `visit` each stored profile of [from, to) whose own labels match, with the terms of
 /// the selector its labels could not decide (to be matched by its samples). Past `deadline`,

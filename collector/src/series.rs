@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::{
     embedded::{Detail, EmbeddedStore},
     query::{self, profile_label, NS},
-    store::{Point, Points, ProfileStore, Selection},
+    store::{origin, Point, Points, ProfileStore, Selection},
 };
 
 /// Lines a grouped series shows before the rest are summed as "other".
@@ -62,7 +62,7 @@ pub fn series(
 ) -> Result<Series> {
     let selection = Selection { kind, selector, range: (from.saturating_mul(NS), to.saturating_mul(NS)) };
     let Points { points: found, unit, profiles } = store.points(&selection, value, group_by, deadline)?;
-    let mut lengths: Vec<u64> = found.iter().map(|f| f.1).collect();
+    let mut lengths: Vec<u64> = found.iter().map(|f| f.length).collect();
     lengths.sort_unstable();
     let step = step.max(lengths.get(lengths.len() / 2).copied().unwrap_or(1));
     let points = (to - from).div_ceil(step) as usize;
@@ -74,7 +74,10 @@ pub fn series(
 /// unless its samples must be told apart.
 pub fn points(store: &EmbeddedStore, selection: &Selection, value: usize, group_by: Option<&str>, deadline: Option<Instant>) -> Result<Points> {
     let mut found: Vec<Point> = Vec::new();
-    let mut unit = String::new();
+    // Whether the value is held (known once a profile is decoded): if so, each point keeps
+    // its source.
+    let (mut unit, mut held) = (String::new(), false);
+    let holds = ember_pprof::kind_holds(selection.kind);
     query::scan_matching(store, selection.kind, selection.selector, selection.range, Detail::Profiles, deadline, |stored, sample_terms| {
         // The group's key, and its value if the profile's own labels carry it.
         let group = group_by.map(|key| (key, profile_label(&stored, key)));
@@ -82,18 +85,30 @@ pub fn points(store: &EmbeddedStore, selection: &Selection, value: usize, group_
         // stored before there were totals are decoded).
         let by_samples = !sample_terms.is_empty() || matches!(group, Some((_, None))) || stored.totals.len() <= value;
         let totals = if unit.is_empty() || by_samples {
-            let Some(profile) = query::decoded(&stored, sample_terms)? else { return Ok(()) };
-            unit = ember_pprof::unit(&profile, value).to_string();
-            by_samples.then(|| totals(&profile, value, group))
+            match query::decoded(&stored, sample_terms)? {
+                Some(profile) => {
+                    unit = ember_pprof::unit(&profile, value).to_string();
+                    held = ember_pprof::held_values(&profile).get(value) == Some(&true);
+                    by_samples.then(|| totals(&profile, value, group))
+                }
+                // None of its samples is selected; a held value's average still counts it.
+                None if holds => Some(BTreeMap::new()),
+                None => return Ok(()),
+            }
         } else {
             None
         };
         let totals = totals.unwrap_or_else(|| BTreeMap::from([(group.and_then(|g| g.1).unwrap_or("total").to_string(), stored.totals[value])]));
         let profile = stored.profile.as_ref().expect("matched");
         let start = profile.start_unix_nanos.max(0) as u64;
-        found.push((start / NS, (profile.end_unix_nanos.max(0) as u64).saturating_sub(start) / NS, totals));
+        let length = (profile.end_unix_nanos.max(0) as u64).saturating_sub(start) / NS;
+        let source = holds.then(|| origin(stored.agent.as_ref().expect("matched")));
+        found.push(Point { start: start / NS, length, totals, source });
         Ok(())
     })?;
+    if !held {
+        found.iter_mut().for_each(|point| point.source = None);
+    }
     Ok(Points { profiles: found.len(), points: found, unit })
 }
 
@@ -119,13 +134,14 @@ fn totals(profile: &Profile, value: usize, group: Option<(&str, Option<&str>)>) 
     by_group
 }
 
-/// The lines of the profiles' totals by group (start, length and totals of each): the
-/// MAX_GROUPS heaviest, heaviest first, and the rest summed as "other", each with a value per
-/// step. The groups are weighed first and only the lines shown get their points: a label with
-/// a million values costs a million weights, not a million lines.
+/// The lines of the profiles' totals by group: the MAX_GROUPS heaviest, heaviest first, and
+/// the rest summed as "other", each with a value per step. The groups are weighed first and
+/// only the lines shown get their points: a label with a million values costs a million
+/// weights, not a million lines. A step holds the sum of each source's average for held
+/// values, of all its profiles for the others.
 fn lines(found: &[Point], from: u64, step: u64, points: usize) -> Vec<Line> {
     let mut weights: HashMap<&str, i64> = HashMap::new();
-    for (group, total) in found.iter().flat_map(|(_, _, totals)| totals) {
+    for (group, total) in found.iter().flat_map(|point| &point.totals) {
         let weight = weights.entry(group).or_default();
         *weight = weight.saturating_add(*total);
     }
@@ -137,12 +153,25 @@ fn lines(found: &[Point], from: u64, step: u64, points: usize) -> Vec<Line> {
     if order.len() > shown {
         lines.push(Line { name: "other".into(), values: vec![0; points] });
     }
-    for (start, _, totals) in found {
-        let point = ((start.saturating_sub(from) / step) as usize).min(points - 1);
-        for (group, total) in totals {
-            let value = &mut lines[line_of[group.as_str()]].values[point];
+    // Held values: per (step, source), its profiles; per (step, line, source), their sum.
+    let (mut profiles, mut held): (HashMap<(usize, &str), u64>, HashMap<(usize, usize, &str), i64>) = Default::default();
+    for found in found {
+        let point = ((found.start.saturating_sub(from) / step) as usize).min(points - 1);
+        if let Some(source) = &found.source {
+            *profiles.entry((point, source.as_str())).or_default() += 1;
+        }
+        for (group, total) in &found.totals {
+            let value = match &found.source {
+                Some(source) => held.entry((point, line_of[group.as_str()], source.as_str())).or_default(),
+                None => &mut lines[line_of[group.as_str()]].values[point],
+            };
             *value = value.saturating_add(*total);
         }
+    }
+    for ((point, line, source), sum) in held {
+        let average = (sum as f64 / profiles[&(point, source)] as f64).round() as i64;
+        let value = &mut lines[line].values[point];
+        *value = value.saturating_add(average);
     }
     lines
 }
@@ -150,6 +179,22 @@ fn lines(found: &[Point], from: u64, step: u64, points: usize) -> Vec<Line> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A point of one profile starting at `start`, 1 s long, with `total` in `group`.
+    fn point(start: u64, group: &str, total: i64, source: Option<&str>) -> Point {
+        Point { start, length: 1, totals: BTreeMap::from([(group.to_string(), total)]), source: source.map(String::from) }
+    }
+
+    /// Held values: two agents, the first with three profiles in a step of 3 s and the second
+    /// with one, hold 100 and 40: the step shows 140, not the 340 their sum would.
+    #[test]
+    fn a_step_holds_each_sources_average_of_held_values() {
+        let found = [point(0, "total", 90, Some("a")), point(1, "total", 100, Some("a")), point(2, "total", 110, Some("a")), point(2, "total", 40, Some("b"))];
+        assert_eq!(lines(&found, 0, 3, 2)[0].values, [140, 0]);
+        // Values that add up over time are summed.
+        let found = found.map(|p| Point { source: None, ..p });
+        assert_eq!(lines(&found, 0, 3, 2)[0].values, [340, 0]);
+    }
 
     #[test]
     fn the_step_keeps_a_range_within_its_points() {
@@ -161,7 +206,7 @@ mod tests {
     #[test]
     fn lines_past_the_heaviest_are_summed_as_other() {
         // Group g{i} has i at the first point and 1 at the second.
-        let found: Vec<_> = (0..12).flat_map(|i| [(0, 1, BTreeMap::from([(format!("g{i:02}"), i)])), (1, 1, BTreeMap::from([(format!("g{i:02}"), 1)]))]).collect();
+        let found: Vec<_> = (0..12).flat_map(|i| [point(0, &format!("g{i:02}"), i, None), point(1, &format!("g{i:02}"), 1, None)]).collect();
         let lines = lines(&found, 0, 1, 2);
         assert_eq!(lines.len(), MAX_GROUPS);
         assert_eq!((lines[0].name.as_str(), lines[0].values.as_slice()), ("g11", &[11, 1][..]));
@@ -173,7 +218,7 @@ mod tests {
     /// value (that would be 480 MB).
     #[test]
     fn a_label_with_many_values_allocates_only_the_lines_shown() {
-        let found: Vec<_> = (0..100_000).map(|i| (i % 600, 1, BTreeMap::from([(format!("pod-{i}"), i as i64)]))).collect();
+        let found: Vec<_> = (0..100_000).map(|i| point(i % 600, &format!("pod-{i}"), i as i64, None)).collect();
         let (lines, peak) = crate::allocations::peak_of(|| lines(&found, 0, 1, 600));
         assert_eq!(lines.len(), MAX_GROUPS);
         assert_eq!(lines[0].name, "pod-99999");

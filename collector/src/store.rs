@@ -50,7 +50,14 @@ pub struct Selection<'a> {
 
 /// A share of a time series: the start and length (unix seconds) of the profiles it sums,
 /// and their totals by group ("total" without a group).
-pub type Point = (u64, u64, BTreeMap<String, i64>);
+pub struct Point {
+    pub start: u64,
+    pub length: u64,
+    pub totals: BTreeMap<String, i64>,
+    /// For held values (`ember_pprof::kind_holds`), the one source (`origin`) whose profile
+    /// this is, so that a step averages each source's profiles; None where values add up.
+    pub source: Option<String>,
+}
 
 /// The points of a selection, the unit of their values, and how many profiles they sum.
 pub struct Points {

@@ -1,11 +1,13 @@
 //! pprof profile tools shared by the agent and the collector.
 mod codec;
+mod held;
 mod merge;
 mod select;
 mod strings;
 mod views;
 
 pub use codec::{decode, decode_gzip, encode_gzip};
+pub use held::{average_held, held_values, is_held, kind_holds};
 pub use merge::merge;
 pub use select::{retain_samples, totals};
 pub use strings::{string, StringIndex};

@@ -13,6 +13,7 @@ over_both_stores!(
     pushed_profiles_are_stored_and_query_returns_the_fixtures_totals,
     bad_pushes_are_refused_without_crashing_or_losing_what_is_stored,
     queries_are_bounded_and_overflowing_merges_are_errors,
+    heap_in_use_is_each_agents_average_and_growth_shows_between_two_times,
 );
 
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
@@ -334,6 +335,83 @@ fn queries_are_bounded_and_overflowing_merges_are_errors(store: fn(&TempDir) -> 
     assert!(status == 504 && one_line(&body), "{status} {}", String::from_utf8_lossy(&body));
     assert_eq!(http_get(http, "/healthz").0, 200);
     collector.stop();
+}
+
+/// Heap profiles tell what was in use when each was taken: over a range, an agent's in-use is
+/// the average of its profiles and the agents' averages add up, where allocations add up over
+/// time; growth shows between two ranges. Agent a leaks 100 bytes every 10 s, b holds 1000.
+fn heap_in_use_is_each_agents_average_and_growth_shows_between_two_times(store: fn(&TempDir) -> TestStore) {
+    use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest};
+
+    let dir = TempDir::new("heap-in-use");
+    let (address, http, data) = (free_address(), free_address(), store(&dir));
+    let collector = CollectorProcess::start_with_http(address, http, &data, &["--rollup-delay-seconds", "86400"]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    const NS: i64 = 1_000_000_000;
+    // Each profile: (start, bytes allocated in its 10 s, bytes in use at its end).
+    let push = |agent: &str, spool_id: u64, profiles: &[(i64, i64, i64)]| {
+        let profiles = profiles
+            .iter()
+            .enumerate()
+            .map(|(i, &(start, allocated, in_use))| Profile {
+                sequence: i as u64 + 1,
+                kind: "heap".into(),
+                start_unix_nanos: start * NS,
+                end_unix_nanos: (start + 10) * NS,
+                labels: Default::default(),
+                pprof_gzip: heap_pprof_gzip(allocated, in_use),
+            })
+            .collect();
+        runtime.block_on(async {
+            let mut client = CollectorClient::connect(format!("http://{address}")).await.unwrap();
+            let agent = AgentIdentity { agent_id: agent.into(), spool_id, ..Default::default() };
+            let response = client.push(PushRequest { agent: Some(agent), profiles }).await.unwrap().into_inner();
+            assert!(response.refused.is_empty(), "{response:?}");
+        })
+    };
+    push("heap-a", 1, &[(now - 300, 10, 100), (now - 290, 10, 200), (now - 280, 10, 300)]);
+    push("heap-b", 2, &[(now - 290, 5, 1000)]);
+    // The folded view of a heap weighs by bytes in use.
+    let in_use = |from: i64, to: i64| -> i64 {
+        let (status, body) = http_get(http, &format!("/query?kind=heap&format=folded&from={from}&to={to}"));
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        String::from_utf8_lossy(&body).lines().filter_map(|l| l.rsplit_once(' ')?.1.parse::<i64>().ok()).sum()
+    };
+    assert_eq!(in_use(now - 400, now), 200 + 1000, "a's average and b's, not the sum of the four profiles");
+    // The series over one step: in use (value 3) as above, allocated (value 1) summed.
+    let series = |value: usize| -> String {
+        let (status, body) = http_get(http, &format!("/api/series?kind=heap&from={}&to={now}&step=400&value={value}", now - 400));
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        String::from_utf8_lossy(&body).into_owned()
+    };
+    assert!(series(3).contains(r#""values":[1200]"#), "{}", series(3));
+    assert!(series(1).contains(r#""values":[35]"#), "{}", series(1));
+    // Growth: the first profile of a against its third.
+    let (before, after) = (in_use(now - 305, now - 295), in_use(now - 285, now - 275));
+    assert_eq!((before, after), (100, 300));
+    let (status, diff) = http_get(http, &format!("/diff?kind=heap&base_from={}&base_to={}&from={}&to={}", now - 305, now - 295, now - 285, now - 275));
+    assert!(status == 200 && String::from_utf8_lossy(&diff).contains("leak"), "diff: {status}");
+    collector.stop();
+}
+
+/// A heap pprof (alloc_objects, alloc_space, inuse_objects, inuse_space) of one stack,
+/// main;leak, with `allocated` bytes allocated and `in_use` bytes in use.
+fn heap_pprof_gzip(allocated: i64, in_use: i64) -> Vec<u8> {
+    use ember_proto::pprof::{Function, Line, Location, Profile, Sample, ValueType};
+    use prost::Message as _;
+    let strings = ["", "alloc_objects", "count", "alloc_space", "bytes", "inuse_objects", "inuse_space", "main", "leak"].map(String::from).to_vec();
+    let frame = |id: u64| (Function { id, name: id as i64 + 6, ..Default::default() }, Location { id, line: vec![Line { function_id: id, ..Default::default() }], ..Default::default() });
+    let (functions, locations) = (1..=2).map(frame).unzip();
+    let profile = Profile {
+        string_table: strings,
+        sample_type: [(1, 2), (3, 4), (5, 2), (6, 4)].map(|(r#type, unit)| ValueType { r#type, unit }).to_vec(),
+        sample: vec![Sample { location_id: vec![2, 1], value: vec![1, allocated, 1, in_use], label: vec![] }],
+        function: functions,
+        location: locations,
+        ..Default::default()
+    };
+    ember_tests::gzip(&profile.encode_to_vec())
 }
 
 /// A pprof of two stacks, main;work_a (`a` samples, labelled pod=`pod`) and main;work_b (2).

@@ -1,7 +1,10 @@
 //! The queries, answered where the data is: a merged selection is one GROUP BY over the
 //! sample rows (stack and labels) and one read of the stacks it names; a time series sums per
 //! second and group; label values come from one GROUP BY, capped per name by LIMIT BY.
-use std::{collections::BTreeMap, time::Instant};
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::Instant,
+};
 
 use anyhow::{ensure, Result};
 use ember_proto::pprof::{Profile, ValueType};
@@ -13,7 +16,7 @@ use super::{
     stacks::{Builder, SampleLabels, Stack},
     ClickHouse,
 };
-use crate::store::{Labels, Points, Selection, MAX_VALUES};
+use crate::store::{Labels, Point, Points, Selection, MAX_VALUES};
 
 impl ClickHouse {
     /// The selection merged into one profile, and how many profiles it holds; None if none.
@@ -21,13 +24,24 @@ impl ClickHouse {
         let db = &self.database;
         let bound = bind(db, selection, "")?;
         let (with, filter) = (&bound.with, &bound.samples);
+        // Held values are averaged over each source's profiles (see ember_pprof::kind_holds):
+        // they are counted, and the samples summed, per source.
+        let source = if ember_pprof::kind_holds(selection.kind) { "origin" } else { "''" };
         let answer = self.client.query(
-            &format!("WITH {with} SELECT uniqExact(origin, sequence), min(start_ns), max(end_ns) FROM {db}.samples WHERE {filter} FORMAT RowBinary"),
+            &format!(
+                "WITH {with} SELECT {source} AS source, uniqExact(origin, sequence), min(start_ns), max(end_ns) FROM {db}.samples WHERE {filter} \
+GROUP BY source FORMAT RowBinary"
+            ),
             &bound.external,
             deadline,
         )?;
+        let (mut profiles_of, mut count, mut start, mut end) = (HashMap::new(), 0, u64::MAX, 0);
         let mut r = Reader(&answer);
-        let (count, start, end) = (r.u64()?, r.u64()?, r.u64()?);
+        while !r.is_empty() {
+            let (source, profiles, first, last) = (r.str()?, r.u64()?, r.u64()?, r.u64()?);
+            (count, start, end) = (count + profiles, start.min(first), end.max(last));
+            profiles_of.insert(source, profiles);
+        }
         if count == 0 {
             return Ok(None);
         }
@@ -35,16 +49,18 @@ impl ClickHouse {
         self.describe(&mut builder, &bound, deadline)?;
         let rows = self.client.query(
             &format!(
-                "WITH {with} SELECT stack, sample_keys, sample_values, sample_num_keys, sample_nums, sumForEach(values), \
+                "WITH {with} SELECT {source} AS source, stack, sample_keys, sample_values, sample_num_keys, sample_nums, sumForEach(values), \
 sumForEach(arrayMap(x -> toFloat64(x), values)) FROM {db}.samples \
-WHERE {filter} GROUP BY stack, sample_keys, sample_values, sample_num_keys, sample_nums FORMAT RowBinary"
+WHERE {filter} GROUP BY source, stack, sample_keys, sample_values, sample_num_keys, sample_nums FORMAT RowBinary"
             ),
             &bound.external,
             deadline,
         )?;
-        let mut merged = Vec::new();
+        let held = ember_pprof::held_values(&builder.profile);
+        let (mut merged, mut averaged) = (Vec::new(), HashMap::<(u64, SampleLabels), Vec<f64>>::new());
         let mut r = Reader(&rows);
         while !r.is_empty() {
+            let source = r.str()?;
             let stack = r.u64()?;
             let labels = SampleLabels { keys: r.strs()?, values: r.strs()?, num_keys: r.strs()?, nums: r.i64s()? };
             let values = r.i64s()?;
@@ -52,8 +68,17 @@ WHERE {filter} GROUP BY stack, sample_keys, sample_values, sample_num_keys, samp
             for _ in 0..r.length()? {
                 ensure!(r.f64()?.abs() < i64::MAX as f64, "sample values overflow when merged");
             }
-            merged.push((stack, labels, values));
+            if held.contains(&true) {
+                let profiles = profiles_of.get(&source).copied().unwrap_or(1).max(1) as f64;
+                let sums = averaged.entry((stack, labels)).or_insert_with(|| vec![0.0; values.len()]);
+                for ((sum, value), held) in sums.iter_mut().zip(&values).zip(held.iter().chain(std::iter::repeat(&false))) {
+                    *sum += if *held { *value as f64 / profiles } else { *value as f64 };
+                }
+            } else {
+                merged.push((stack, labels, values));
+            }
         }
+        merged.extend(averaged.into_iter().map(|((stack, labels), sums)| (stack, labels, sums.into_iter().map(|sum| sum.round() as i64).collect())));
         self.stacks(&mut builder, merged.iter().map(|row| row.0), deadline)?;
         for (stack, labels, values) in merged {
             builder.sample(stack, &labels, values)?;
@@ -117,24 +142,30 @@ FROM {}.stacks WHERE stack IN (SELECT stack FROM wanted) GROUP BY stack FORMAT R
         let bound = bind(db, selection, group_by.unwrap_or(""))?;
         let (with, filter) = (&bound.with, &bound.samples);
         let group = if group_by.is_some() { GROUP_VALUE } else { "'total'" };
+        // Held values are averaged per source over a step: each source's points apart (one
+        // profile of a source per start second).
+        let (unit, holds) = self.value_type(&bound, value, deadline)?;
+        let source = if holds { "origin" } else { "''" };
         let index = value + 1;
         let answer = self.client.query(
             &format!(
-                "WITH {with} SELECT intDiv(start_ns, 1000000000) AS second, intDiv(end_ns - start_ns, 1000000000) AS length, {group} AS name, \
-sum(values[{index}]) FROM {db}.samples WHERE {filter} GROUP BY second, length, name ORDER BY second, length FORMAT RowBinary"
+                "WITH {with} SELECT intDiv(start_ns, 1000000000) AS second, intDiv(end_ns - start_ns, 1000000000) AS length, {source} AS source, \
+{group} AS name, sum(values[{index}]) FROM {db}.samples WHERE {filter} GROUP BY second, length, source, name ORDER BY second, length, source \
+FORMAT RowBinary"
             ),
             &bound.external,
             deadline,
         )?;
-        let mut points: Vec<(u64, u64, BTreeMap<String, i64>)> = Vec::new();
+        let mut points: Vec<Point> = Vec::new();
         let mut r = Reader(&answer);
         while !r.is_empty() {
-            let (second, length, name, total) = (r.u64()?, r.u64()?, r.str()?, r.i64()?);
+            let (start, length, source, name, total) = (r.u64()?, r.u64()?, r.str()?, r.str()?, r.i64()?);
+            let source = holds.then_some(source);
             match points.last_mut() {
-                Some(last) if (last.0, last.1) == (second, length) => {
-                    last.2.insert(name, total);
+                Some(last) if (last.start, last.length, &last.source) == (start, length, &source) => {
+                    last.totals.insert(name, total);
                 }
-                _ => points.push((second, length, BTreeMap::from([(name, total)]))),
+                _ => points.push(Point { start, length, totals: BTreeMap::from([(name, total)]), source }),
             }
         }
         let counted = self.client.query(
@@ -142,18 +173,23 @@ sum(values[{index}]) FROM {db}.samples WHERE {filter} GROUP BY second, length, n
             &bound.external,
             deadline,
         )?;
-        let unit = self.unit(&bound, value, deadline)?;
         Ok(Points { points, unit, profiles: Reader(&counted).u64()? as usize })
     }
 
-    /// The unit of sample value `value` in the selection's profiles.
-    fn unit(&self, bound: &Bound, value: usize, deadline: Option<Instant>) -> Result<String> {
+    /// The unit of sample value `value` in the selection's profiles, and whether it is held.
+    fn value_type(&self, bound: &Bound, value: usize, deadline: Option<Instant>) -> Result<(String, bool)> {
         let answer = self.client.query(
-            &format!("SELECT any(sample_units[{}]) FROM {}.profiles WHERE {} FORMAT RowBinary", value + 1, self.database, bound.profiles),
+            &format!(
+                "SELECT any(sample_units[{0}]), any(sample_types[{0}]) FROM {1}.profiles WHERE {2} FORMAT RowBinary",
+                value + 1,
+                self.database,
+                bound.profiles
+            ),
             &bound.external,
             deadline,
         )?;
-        Reader(&answer).str()
+        let mut r = Reader(&answer);
+        Ok((r.str()?, ember_pprof::is_held(&r.str()?)))
     }
 
     /// Label names and values: the profiles' own over the range, the samples' over its last
