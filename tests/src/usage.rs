@@ -25,6 +25,33 @@ pub fn process_cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) as f64 / 100.0
 }
 
+/// The host's CPU time so far, from /proc/stat's "cpu" line (clock ticks): what its CPUs ran
+/// (user, nice, system, irq, softirq) and what the hypervisor took from them while they had
+/// work (steal).
+#[derive(Clone, Copy, Debug)]
+pub struct HostTimes {
+    ran: u64,
+    stolen: u64,
+}
+
+impl HostTimes {
+    pub fn now() -> HostTimes {
+        let stat = fs::read_to_string("/proc/stat").unwrap_or_default();
+        let ticks: Vec<u64> = stat.lines().next().unwrap_or("").split_whitespace().skip(1).map(|t| t.parse().unwrap_or(0)).collect();
+        let tick = |i: usize| ticks.get(i).copied().unwrap_or(0);
+        HostTimes { ran: tick(0) + tick(1) + tick(2) + tick(5) + tick(6), stolen: tick(7) }
+    }
+
+    /// Of the time the CPUs had work since `earlier`, the share the hypervisor took. A thread
+    /// stays current while its virtual CPU is stolen: a sampler on a clock sees it through
+    /// that time, which its CPU time leaves out. What the sampler sees of a thread that used
+    /// `cpu` is about `cpu / (1 - share)`.
+    pub fn steal_since(&self, earlier: &HostTimes) -> f64 {
+        let (ran, stolen) = (self.ran.saturating_sub(earlier.ran), self.stolen.saturating_sub(earlier.stolen));
+        if ran + stolen == 0 { 0.0 } else { stolen as f64 / (ran + stolen) as f64 }
+    }
+}
+
 /// Context switches of all live threads of a process, voluntary or not.
 pub fn context_switches(pid: u32) -> u64 {
     let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
