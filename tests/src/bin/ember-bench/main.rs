@@ -30,7 +30,7 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use ember_tests::{
     cgroup_cpu::CgroupCpu,
-    usage::{bpf_usage, status_kib, BpfStats, BpfUsage},
+    usage::{bpf_usage, status_kib, BpfStats, BpfUsage, HostTimes},
 };
 
 #[derive(clap::Parser)]
@@ -72,7 +72,8 @@ fn main() {
 
 fn bench(args: BenchArgs) -> Result<()> {
     let _stats = BpfStats::enable()?;
-    match args.which.as_str() {
+    let host = HostTimes::now();
+    let ran = match args.which.as_str() {
         "oncpu" => oncpu::run(args.seconds, &args.frequencies, args.no_frame_pointers, args.deep, args.debug_binary),
         "offcpu" => offcpu::run(args.seconds, args.deep),
         "governor" => governor::run(args.seconds, args.busy_us),
@@ -89,7 +90,10 @@ fn bench(args: BenchArgs) -> Result<()> {
         "ui" => ui::run(),
         "mappings" => mappings::run(args.seconds),
         other => bail!("unknown benchmark {other}"),
-    }
+    };
+    // On a virtual machine, what the hypervisor took moves every figure: printed with them.
+    println!("host: {:.1}% of the CPUs' busy time was stolen by the hypervisor during the bench", HostTimes::now().steal_since(&host) * 100.0);
+    ran
 }
 
 /// A binary of the same build as this one (`cargo xtask bench` builds them all in release).
