@@ -114,6 +114,9 @@ fn a_tiny_cpu_budget_holds_on_a_switch_heavy_host_and_totals_stay_true() {
     let ratios: Vec<u32> = wall.iter().filter_map(|p| p.comment_field("ember.off_cpu_ratio")?.parse().ok()).collect();
     assert!(ratios.iter().any(|&r| r > 1), "the off-CPU ratio never came down: {ratios:?}\n{stderr}");
     assert!(wall.iter().all(|p| p.comment_field("ember.cpu_budget") == Some("0.0200")), "profiles do not carry the budget");
+    // And the share of the host's busy time the hypervisor stole, interval by interval.
+    let stolen: Vec<f64> = wall.iter().filter_map(|p| p.comment_field("ember.host.cpu_steal")?.parse().ok()).collect();
+    assert!(stolen.len() == wall.len() && stolen.iter().all(|s| (0.0..1.0).contains(s)), "profiles do not carry the steal share: {stolen:?}");
 
     // Every sample counts for what it stands for: each thread's on- and off-CPU time adds
     // up to its wall time, and its on-CPU share is the CPU time it used, with what the

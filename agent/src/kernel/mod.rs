@@ -16,6 +16,7 @@ mod live_allocations;
 mod load;
 mod rates;
 mod sampling;
+mod steal;
 mod unwind_maps;
 pub mod preflight;
 pub mod tracefs;
@@ -28,6 +29,7 @@ pub use events::{AllocSettings, Event, KernelSettings, NetEvent, OffCpuSettings}
 pub use load::Sampler;
 pub use rates::{Overhead, Unseen};
 pub use sampling::{Paused, SamplingRates, TickPhase};
+pub use steal::HostCpu;
 pub use unwind_maps::UnwindMaps;
 #[cfg(fuzzing)]
 pub use btf::Btf;

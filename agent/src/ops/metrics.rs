@@ -27,6 +27,7 @@ const HELP: &[(&str, &str)] = &[
     ("ember_last_interval_timestamp_seconds", "Unix time of the last drain"),
     ("ember_cpu_budget_ratio", "The CPU budget (cpu_budget), as a share of one core"),
     ("ember_overhead_ratio", "What profiling cost over the last interval, as a share of one core: the agent's CPU (part=agent), its BPF programs' run time (part=bpf; measured while a CPU budget is set) and the allocator probes' traps, which the probed processes pay (part=probes)"),
+    ("ember_host_cpu_steal_ratio", "Of the time the host's CPUs had work over the last interval, the share the hypervisor took (steal); a clock sampler counts it as on-CPU time of the thread that was current"),
     ("ember_over_cpu_budget", "1 while profiling costs more than the CPU budget even at the lowest rates the governor sets"),
     ("ember_paused", "1 while the CPU budget pauses what no rate lowers: what=off_cpu (the off-CPU program, detached), exec_capture (new processes captured at their first sample, not at exec) or alloc_probes (the allocator probes, taken out for good)"),
     ("ember_alloc_live_tracked", "Sampled allocations tracked until freed at the last drain (the alloc group; at most alloc_max_live)"),
