@@ -57,6 +57,7 @@ WHERE {filter} GROUP BY source, stack, sample_keys, sample_values, sample_num_ke
             deadline,
         )?;
         let held = ember_pprof::held_values(&builder.profile);
+        let averages = held.contains(&true);
         let (mut merged, mut averaged) = (Vec::new(), HashMap::<(u64, SampleLabels), Vec<f64>>::new());
         let mut r = Reader(&rows);
         while !r.is_empty() {
@@ -68,7 +69,7 @@ WHERE {filter} GROUP BY source, stack, sample_keys, sample_values, sample_num_ke
             for _ in 0..r.length()? {
                 ensure!(r.f64()?.abs() < i64::MAX as f64, "sample values overflow when merged");
             }
-            if held.contains(&true) {
+            if averages {
                 let profiles = profiles_of.get(&source).copied().unwrap_or(1).max(1) as f64;
                 let sums = averaged.entry((stack, labels)).or_insert_with(|| vec![0.0; values.len()]);
                 for ((sum, value), held) in sums.iter_mut().zip(&values).zip(held.iter().chain(std::iter::repeat(&false))) {
