@@ -213,7 +213,7 @@ pub fn build(interval: &ResolvedInterval, symbols: &Symbolizer, info: &ProfileIn
     comments.extend(counter::NAMES.iter().map(|(i, name)| format!("ember.counter.{name}={}", interval.counter(*i))));
     comments.push(format!("ember.counter.relabel_dropped={}", interval.relabel_dropped));
     comments.push(format!("ember.counter.process_exited_unread={}", interval.processes_unread));
-    comments.push(format!("ember.host.cpu_steal={:.4}", interval.host_cpu.steal_share()));
+    comments.push(format!("ember.host.cpu_steal={:.4}", interval.host.steal_share()));
     b.profile.comment = comments.iter().map(|c| b.string(c)).collect();
     b.profile
 }

@@ -6,7 +6,6 @@
 //! to an equal share of what the fixed part leaves; with room to spare it raises them back.
 //! It only changes rates: every sample keeps counting for what it stands for. What no rate
 //! lowers, it pauses while it alone would take the budget (`pauses`).
-mod host_activity;
 mod pauses;
 
 use std::time::Instant;
@@ -15,7 +14,7 @@ use agent_common::{counter, run};
 use anyhow::Result;
 
 use crate::{
-    kernel::{Overhead, ProgramCost, Sampler, SamplingRates},
+    kernel::{HostActivity, Overhead, ProgramCost, Sampler, SamplingRates},
     governor::pauses::{Measured, Pauses},
     ops::metrics,
     resolve::ResolvedInterval,
@@ -112,7 +111,7 @@ impl Governor {
         // Each allocation call traps twice (entry and return), each free once.
         let traps = 2 * interval.counter(counter::ALLOC_CALLS) + interval.counter(counter::FREE_CALLS);
         let probes_ns = sampler.alloc_trap_ns().map_or(0.0, |trap_ns| trap_ns * traps as f64);
-        let (overhead, rates) = self.observe(runs, sampler.program_cost(), probes_ns);
+        let (overhead, rates) = self.observe(runs, sampler.program_cost(), probes_ns, interval.host);
         interval.overhead = Some(overhead);
         if self.pauses.paused.alloc_probes && sampler.probes_allocators() {
             sampler.unprobe_allocators()?;
@@ -129,9 +128,9 @@ impl Governor {
     }
 
     /// Measures the interval that just ended from what the programs measured of themselves
-    /// and, if it is on, the kernel's accounting so far. Returns the interval's overhead and
-    /// the rates for the next interval, if they change.
-    fn observe(&mut self, runs: [SourceRuns; 3], kernel: Option<ProgramCost>, probes_ns: f64) -> (Overhead, Option<SamplingRates>) {
+    /// and, if it is on, the kernel's accounting so far, given what the host did. Returns the
+    /// interval's overhead and the rates for the next interval, if they change.
+    fn observe(&mut self, runs: [SourceRuns; 3], kernel: Option<ProgramCost>, probes_ns: f64, host: HostActivity) -> (Overhead, Option<SamplingRates>) {
         let now = (Instant::now(), process_cpu_ns());
         let wall = now.0.duration_since(self.last.0).as_nanos().max(1) as f64;
         let (miss_ns, other_ns) = self.miss(&runs, kernel);
@@ -139,7 +138,7 @@ impl Governor {
         let agent = now.1.saturating_sub(self.last.1) as f64 / wall;
         let unrecorded = runs.map(|r| (r.skipped_ns as f64 + r.skipped as f64 * miss_ns) / wall);
         let skipped = unrecorded.iter().sum::<f64>() + other_ns / wall;
-        let (activity, unseen) = self.pauses.observe_host();
+        let unseen = self.pauses.unseen(host);
         let probes = probes_ns / wall;
         let overhead = Overhead { budget: self.budget, agent, bpf: costs.iter().sum::<f64>() + skipped, probes, unseen };
         self.last = now;
@@ -162,7 +161,7 @@ impl Governor {
             probes,
             warm_up,
         };
-        let paused = self.pauses.decide(&measured, activity, self.budget);
+        let paused = self.pauses.decide(&measured, host, self.budget);
         if paused.off_cpu {
             // It comes back at the lowest rate, and rises as there is room.
             self.levels[run::OFF_CPU as usize] = 1.0 / MAX_CUT;

@@ -7,9 +7,8 @@
 //! did not see is counted. The allocator probes, once they take the budget, come out for
 //! good: their cost is the probed processes' own rate of calls, which the agent cannot
 //! foresee.
-use super::host_activity::{Activity, HostCounters};
 use super::{Recent, CUT, LOW, TARGET};
-use crate::kernel::{Paused, Unseen};
+use crate::kernel::{HostActivity, Paused, Unseen};
 
 /// What the last interval measured, as shares of one core unless said otherwise.
 #[derive(Clone, Copy, Debug)]
@@ -43,34 +42,26 @@ pub(super) struct Pauses {
     process_ns: f64,
     /// The last intervals' `rest`.
     rest: Recent,
-    host: Option<HostCounters>,
 }
 
 impl Pauses {
     pub(super) fn new(off_cpu: bool) -> Pauses {
-        Pauses { paused: Paused::default(), off_cpu, switch_run_ns: 0.0, process_ns: 0.0, rest: Recent::default(), host: HostCounters::read() }
+        Pauses { paused: Paused::default(), off_cpu, switch_run_ns: 0.0, process_ns: 0.0, rest: Recent::default() }
     }
 
-    /// The host's activity since the last call, and what the pauses in force did not see of it.
-    pub(super) fn observe_host(&mut self) -> (Activity, Unseen) {
-        let now = HostCounters::read();
-        let activity = match (now, self.host) {
-            (Some(now), Some(last)) => now.since(&last),
-            _ => Activity::default(),
-        };
-        self.host = now.or(self.host);
-        let unseen = Unseen {
-            switches: if self.paused.off_cpu { activity.switches } else { 0 },
-            processes: if self.paused.exec_capture { activity.processes } else { 0 },
-        };
-        (activity, unseen)
+    /// What the pauses in force did not see of the host's activity.
+    pub(super) fn unseen(&self, host: HostActivity) -> Unseen {
+        Unseen {
+            switches: if self.paused.off_cpu { host.switches } else { 0 },
+            processes: if self.paused.exec_capture { host.processes } else { 0 },
+        }
     }
 
     /// What to pause or bring back for the next interval. Pauses off-CPU tracking when it
     /// costs more than its share even at the lowest rate; then exec captures, when what no
     /// rate lowers still takes the budget. Brings one back at a time, when what it cost
     /// before, at the host's current activity, leaves the total under LOW of the budget.
-    pub(super) fn decide(&mut self, m: &Measured, activity: Activity, budget: f64) -> Paused {
+    pub(super) fn decide(&mut self, m: &Measured, activity: HostActivity, budget: f64) -> Paused {
         if !m.warm_up {
             self.rest.push(m.rest);
         }
@@ -93,14 +84,14 @@ impl Pauses {
         // Exec captures, once off-CPU tracking was paused for a whole interval, and on a
         // full history: the first intervals after the warm-up still name what it met.
         let settled = (!self.off_cpu || self.paused.off_cpu) && self.rest.is_full();
-        if !self.paused.exec_capture && settled && !m.warm_up && over && rest > TARGET * budget && activity.processes_per_s >= 1.0 {
+        if !self.paused.exec_capture && settled && !m.warm_up && over && rest > TARGET * budget && activity.processes_per_s() >= 1.0 {
             next.exec_capture = true;
-            self.process_ns = m.agent * 1e9 / activity.processes_per_s;
+            self.process_ns = m.agent * 1e9 / activity.processes_per_s();
         }
         let fits = |cost_back: f64| m.total + cost_back < LOW * budget;
-        if self.paused.exec_capture && fits(activity.processes_per_s * self.process_ns / 1e9) {
+        if self.paused.exec_capture && fits(activity.processes_per_s() * self.process_ns / 1e9) {
             next.exec_capture = false;
-        } else if self.paused.off_cpu && fits(activity.switches_per_s * self.switch_run_ns / 1e9) {
+        } else if self.paused.off_cpu && fits(activity.switches_per_s() * self.switch_run_ns / 1e9) {
             next.off_cpu = false;
         }
         if next != self.paused {
@@ -110,12 +101,12 @@ impl Pauses {
         next
     }
 
-    fn log(&self, next: Paused, m: &Measured, activity: Activity, budget: f64) {
+    fn log(&self, next: Paused, m: &Measured, activity: HostActivity, budget: f64) {
         let percent = |share: f64| format!("{:.2}%", share * 100.0);
         let (cost, budget) = (percent(m.total), percent(budget));
         if next.off_cpu && !self.paused.off_cpu {
             tracing::warn!(
-                cost, budget, switches_per_s = activity.switches_per_s.round(), run_ns = m.switch_run_ns.round(),
+                cost, budget, switches_per_s = activity.switches_per_s().round(), run_ns = m.switch_run_ns.round(),
                 "off-CPU tracking paused: its program runs at every context switch and, even at the lowest rate, costs more than the CPU budget leaves it; switches from here on are counted as unseen"
             );
         }
@@ -127,15 +118,15 @@ impl Pauses {
         }
         if next.exec_capture && !self.paused.exec_capture {
             tracing::warn!(
-                cost, budget, processes_per_s = activity.processes_per_s.round(),
+                cost, budget, processes_per_s = activity.processes_per_s().round(),
                 "capture of new processes at exec paused for the CPU budget: they are captured at their first sample, and a short one's first frames may go unnamed"
             );
         }
         if !next.off_cpu && self.paused.off_cpu {
-            tracing::info!(cost, budget, switches_per_s = activity.switches_per_s.round(), "off-CPU tracking resumed: the CPU budget has room for it");
+            tracing::info!(cost, budget, switches_per_s = activity.switches_per_s().round(), "off-CPU tracking resumed: the CPU budget has room for it");
         }
         if !next.exec_capture && self.paused.exec_capture {
-            tracing::info!(cost, budget, processes_per_s = activity.processes_per_s.round(), "capture of new processes at exec resumed");
+            tracing::info!(cost, budget, processes_per_s = activity.processes_per_s().round(), "capture of new processes at exec resumed");
         }
     }
 }
@@ -150,24 +141,25 @@ mod tests {
         Measured { total, agent: rest, switch_run_ns: 300.0, switch_runs_per_s, rest, probes: 0.0, warm_up: false }
     }
 
-    fn activity(switches_per_s: f64, processes_per_s: f64) -> Activity {
-        Activity { switches_per_s, processes_per_s, ..Activity::default() }
+    /// A second of the host's activity.
+    fn activity(switches: u64, processes: u64) -> HostActivity {
+        HostActivity { switches, processes, seconds: 1.0, ..HostActivity::default() }
     }
 
     fn pauses() -> Pauses {
-        Pauses { paused: Paused::default(), off_cpu: true, switch_run_ns: 0.0, process_ns: 0.0, rest: Recent::default(), host: None }
+        Pauses { paused: Paused::default(), off_cpu: true, switch_run_ns: 0.0, process_ns: 0.0, rest: Recent::default() }
     }
 
     #[test]
     fn off_cpu_pauses_when_its_floor_takes_the_budget_and_comes_back_when_switches_calm_down() {
         let mut p = pauses();
         // 100,000 switches a second at 300 ns: 3% at any rate.
-        let paused = p.decide(&measured(0.035, 100_000.0, 0.002), activity(100_000.0, 0.0), BUDGET);
+        let paused = p.decide(&measured(0.035, 100_000.0, 0.002), activity(100_000, 0), BUDGET);
         assert_eq!(paused, Paused { off_cpu: true, ..Paused::default() });
         // Still busy: 0.2% without it, but it would cost 3% back.
-        assert!(p.decide(&measured(0.002, 0.0, 0.002), activity(100_000.0, 0.0), BUDGET).off_cpu);
+        assert!(p.decide(&measured(0.002, 0.0, 0.002), activity(100_000, 0), BUDGET).off_cpu);
         // 1,000 switches a second: 0.03% back, room for it.
-        assert!(!p.decide(&measured(0.002, 0.0, 0.002), activity(1_000.0, 0.0), BUDGET).off_cpu);
+        assert!(!p.decide(&measured(0.002, 0.0, 0.002), activity(1_000, 0), BUDGET).off_cpu);
     }
 
     #[test]
@@ -176,7 +168,7 @@ mod tests {
         // The agent at 1.3% after a burst of new stacks; 134 switches a second cost 0.004%.
         let burst = measured(0.014, 134.0, 0.013);
         for _ in 0..3 {
-            assert!(!p.decide(&burst, activity(134.0, 0.0), BUDGET).off_cpu);
+            assert!(!p.decide(&burst, activity(134, 0), BUDGET).off_cpu);
         }
     }
 
@@ -184,7 +176,7 @@ mod tests {
     fn a_floor_that_fits_is_left_to_the_rates() {
         let mut p = pauses();
         // Over the budget at full rate, but 1,000 switches a second cost 0.03% at any rate.
-        assert_eq!(p.decide(&measured(0.05, 1_000.0, 0.001), activity(1_000.0, 0.0), BUDGET), Paused::default());
+        assert_eq!(p.decide(&measured(0.05, 1_000.0, 0.001), activity(1_000, 0), BUDGET), Paused::default());
     }
 
     #[test]
@@ -192,13 +184,13 @@ mod tests {
         let mut p = pauses();
         // The agent alone takes 2% under churn: off-CPU goes first.
         let churn = measured(0.025, 50_000.0, 0.02);
-        assert_eq!(p.decide(&churn, activity(50_000.0, 100.0), BUDGET), Paused { off_cpu: true, ..Paused::default() });
-        assert_eq!(p.decide(&measured(0.02, 0.0, 0.02), activity(50_000.0, 100.0), BUDGET).exec_capture, false, "two intervals measured");
-        assert_eq!(p.decide(&measured(0.02, 0.0, 0.02), activity(50_000.0, 100.0), BUDGET), Paused { off_cpu: true, exec_capture: true, ..Paused::default() });
+        assert_eq!(p.decide(&churn, activity(50_000, 100), BUDGET), Paused { off_cpu: true, ..Paused::default() });
+        assert_eq!(p.decide(&measured(0.02, 0.0, 0.02), activity(50_000, 100), BUDGET).exec_capture, false, "two intervals measured");
+        assert_eq!(p.decide(&measured(0.02, 0.0, 0.02), activity(50_000, 100), BUDGET), Paused { off_cpu: true, exec_capture: true, ..Paused::default() });
         // No processes start: the cost is not theirs, and pausing their capture would not help.
         let mut q = pauses();
         q.off_cpu = false;
-        assert_eq!(q.decide(&measured(0.02, 0.0, 0.02), activity(0.0, 0.0), BUDGET), Paused::default());
+        assert_eq!(q.decide(&measured(0.02, 0.0, 0.02), activity(0, 0), BUDGET), Paused::default());
     }
 
     #[test]
@@ -208,8 +200,8 @@ mod tests {
         (p.switch_run_ns, p.process_ns) = (300.0, 100_000.0);
         // Quiet: both would fit, exec captures come back first, then off-CPU.
         let quiet = measured(0.001, 0.0, 0.001);
-        assert_eq!(p.decide(&quiet, activity(100.0, 1.0), BUDGET), Paused { off_cpu: true, ..Paused::default() });
-        assert_eq!(p.decide(&quiet, activity(100.0, 1.0), BUDGET), Paused::default());
+        assert_eq!(p.decide(&quiet, activity(100, 1), BUDGET), Paused { off_cpu: true, ..Paused::default() });
+        assert_eq!(p.decide(&quiet, activity(100, 1), BUDGET), Paused::default());
     }
 
     #[test]
@@ -217,10 +209,10 @@ mod tests {
         let mut p = pauses();
         p.off_cpu = false;
         let calm = measured(0.002, 0.0, 0.002);
-        p.decide(&calm, activity(0.0, 5.0), BUDGET);
-        p.decide(&calm, activity(0.0, 5.0), BUDGET);
+        p.decide(&calm, activity(0, 5), BUDGET);
+        p.decide(&calm, activity(0, 5), BUDGET);
         // One interval at 2%: the median of the last three is still calm.
-        assert_eq!(p.decide(&measured(0.02, 0.0, 0.02), activity(0.0, 100.0), BUDGET), Paused::default());
+        assert_eq!(p.decide(&measured(0.02, 0.0, 0.02), activity(0, 100), BUDGET), Paused::default());
     }
 
     #[test]
@@ -229,10 +221,10 @@ mod tests {
         p.off_cpu = false;
         // 0.5% of traps beside 0.2% of the rest fits under 1%: they stay.
         let fits = Measured { probes: 0.005, ..measured(0.007, 0.0, 0.002) };
-        assert_eq!(p.decide(&fits, activity(0.0, 0.0), BUDGET), Paused::default());
+        assert_eq!(p.decide(&fits, activity(0, 0), BUDGET), Paused::default());
         // 3% of traps: out, and they stay out when the cost falls with them.
         let dear = Measured { probes: 0.03, ..measured(0.032, 0.0, 0.002) };
-        assert!(p.decide(&dear, activity(0.0, 0.0), BUDGET).alloc_probes);
-        assert!(p.decide(&measured(0.002, 0.0, 0.002), activity(0.0, 0.0), BUDGET).alloc_probes);
+        assert!(p.decide(&dear, activity(0, 0), BUDGET).alloc_probes);
+        assert!(p.decide(&measured(0.002, 0.0, 0.002), activity(0, 0), BUDGET).alloc_probes);
     }
 }

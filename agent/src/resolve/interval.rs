@@ -12,7 +12,7 @@ use super::{
     targets::Targets,
 };
 use crate::{
-    kernel::{Counters, HostCpu, Overhead, RawInterval, SamplingRates, Stack},
+    kernel::{Counters, HostActivity, Overhead, RawInterval, SamplingRates, Stack},
     ops::losses::Losses,
 };
 
@@ -111,8 +111,8 @@ pub struct ResolvedInterval {
     pub relabel_dropped: u64,
     /// Processes that exited before their mappings could be read (their frames unnamed).
     pub processes_unread: u64,
-    /// What the host's CPUs ran and had stolen by the hypervisor over the interval.
-    pub host_cpu: HostCpu,
+    /// What the host did over the interval: CPU time run and stolen, switches, processes.
+    pub host: HostActivity,
 }
 
 impl ResolvedInterval {
@@ -131,7 +131,7 @@ impl ResolvedInterval {
         }
         self.relabel_dropped += other.relabel_dropped;
         self.processes_unread += other.processes_unread;
-        self.host_cpu.add(other.host_cpu);
+        self.host.add(other.host);
     }
 
     /// What the loss report needs of this interval.
@@ -185,7 +185,7 @@ pub fn resolve(raw: RawInterval, procs: &mut ProcessTable, pythons: &mut Pythons
         overhead: None,
         relabel_dropped,
         processes_unread: 0,
-        host_cpu: HostCpu::default(),
+        host: HostActivity::default(),
     }
 }
 

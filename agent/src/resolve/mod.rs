@@ -36,7 +36,7 @@ pub use {maps_line::MapsLine, targets::from_cgroup_path};
 pub(crate) use {life::parse_stat, perf_map::{own_pid, PerfMap}, python::fuzzing as python_parsers, vdso::memory_file};
 
 use crate::{
-    kernel::{tracefs::Format, Announcements, HostCpu, KernelSettings, Sampler},
+    kernel::{tracefs::Format, Announcements, HostStat, KernelSettings, Sampler},
     ops::metrics,
     unwind::Unwinder,
 };
@@ -57,8 +57,8 @@ pub struct Resolver {
     capacity: (u32, u32),
     /// When the allocator probes come out.
     alloc_until: Option<Instant>,
-    /// The host's CPU totals at the last drain.
-    host_cpu: HostCpu,
+    /// The host's counters at the last drain that could read them.
+    host: Option<HostStat>,
 }
 
 impl Resolver {
@@ -82,7 +82,7 @@ impl Resolver {
             drop_reasons,
             capacity: (settings.max_keys, settings.max_stacks),
             alloc_until: None,
-            host_cpu: HostCpu::now(),
+            host: HostStat::read(),
         };
         // Processes that already run are loaded now, so that their first samples already have
         // complete stacks (a process is otherwise loaded when first sampled). With a cgroup
@@ -197,9 +197,12 @@ impl Resolver {
         }
         let mut interval = resolve(raw, &mut self.processes, &mut self.pythons, &mut self.targets, &self.drop_reasons);
         interval.processes_unread = self.processes.take_unread();
-        let host_cpu = HostCpu::now();
-        interval.host_cpu = host_cpu.since(std::mem::replace(&mut self.host_cpu, host_cpu));
-        metrics::set("ember_host_cpu_steal_ratio", &[], interval.host_cpu.steal_share());
+        let host = HostStat::read();
+        if let (Some(now), Some(last)) = (host, self.host) {
+            interval.host = now.since(&last);
+        }
+        self.host = host.or(self.host);
+        metrics::set("ember_host_cpu_steal_ratio", &[], interval.host.steal_share());
         // Resolving re-reads processes that mapped new code since their capture.
         self.load_unwind_tables();
         for tgid in self.processes.sweep() {
