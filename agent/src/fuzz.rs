@@ -5,9 +5,10 @@ use std::{os::fd::AsRawFd as _, path::Path};
 
 use crate::{
     duration::parse_duration,
+    maps_line::MapsLine,
     kernel::{tracefs::Format, Btf},
     resolve::{
-        build_id_of, from_cgroup_path, memory_file, own_pid, parse_stat, pods::Pods, python_parsers as python, relabel::Relabeler, MapsLine, PerfMap,
+        build_id_of, from_cgroup_path, memory_file, own_pid, parse_stat, pods::Pods, python_parsers as python, relabel::Relabeler, PerfMap,
     },
     settings::FileConfig,
     symbolize::{examine_bytes, SymbolIndex},

@@ -3,7 +3,8 @@
 //! prints the unwind table of a binary.
 //!
 //! The modules follow the data flow (see design.md): `kernel` -> `unwind` -> `resolve` ->
-//! `symbolize` -> `encode` -> `ship`, with `ops` (metrics, status, losses) beside them. `cli`
+//! `symbolize` -> `encode` -> `ship`, with `ops` (metrics, status, losses) and `maps_line`
+//! (/proc/<pid>/maps) beside them. `cli`
 //! and `settings` turn the command line and the config file into what the stages receive;
 //! `run`, `record`, `unwind_table` and `pipeline` wire the stages together, `governor`
 //! keeps `run`'s cost within its CPU budget, and `drain_schedule` times the drains between
@@ -14,6 +15,7 @@ mod duration;
 mod encode;
 mod governor;
 mod kernel;
+mod maps_line;
 mod ops;
 mod pipeline;
 mod record;

@@ -12,6 +12,7 @@ use aya::programs::{
 };
 
 use super::{aya_errors::chain, load::Sampler};
+use crate::maps_line::MapsLine;
 
 /// What a probe does, where (file offset) in the allocator's file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,11 +113,7 @@ fn ns_per_call() -> f64 {
 /// Where an address of the agent's own code is in its executable file.
 fn own_file_offset(address: usize) -> Option<u64> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    maps.lines().find_map(|line| {
-        let mut fields = line.split_whitespace();
-        let (start, end) = fields.next()?.split_once('-')?;
-        let (start, end) = (usize::from_str_radix(start, 16).ok()?, usize::from_str_radix(end, 16).ok()?);
-        let offset = u64::from_str_radix(fields.nth(1)?, 16).ok()?;
-        (start..end).contains(&address).then(|| offset + (address - start) as u64)
-    })
+    let address = address as u64;
+    let line = maps.lines().filter_map(MapsLine::parse).find(|line| line.covers(address))?;
+    Some(line.file_offset + (address - line.start))
 }

@@ -6,6 +6,8 @@
 //! host give their room back as the processes go (`fit`).
 use std::{collections::HashMap, fs, hash::Hash};
 
+use crate::maps_line::MapsLine;
+
 /// Called by the pipeline thread after each interval.
 pub fn give_back() {
     // SAFETY: no preconditions; it only returns free heap pages to the kernel.
@@ -40,14 +42,12 @@ fn release_file_pages() {
 /// blazesym and the symbol indexes map what they read. Code and the agent's own data are
 /// private mappings; BPF maps and perf buffers map anonymous inodes, whose pages must stay.
 fn read_only_file_mapping(line: &str) -> Option<(usize, usize)> {
-    let mut fields = line.split_whitespace();
-    let (range, perms) = (fields.next()?, fields.next()?);
-    let path = fields.nth(3)?;
-    if perms != "r--s" || !path.starts_with('/') || path.starts_with("/memfd:") || line.ends_with("(deleted)") {
+    let line = MapsLine::parse(line)?;
+    let path = line.path;
+    if line.perms != "r--s" || !path.starts_with('/') || path.starts_with("/memfd:") || path.ends_with("(deleted)") {
         return None;
     }
-    let (start, end) = range.split_once('-')?;
-    Some((usize::from_str_radix(start, 16).ok()?, usize::from_str_radix(end, 16).ok()?))
+    Some((usize::try_from(line.start).ok()?, usize::try_from(line.end).ok()?))
 }
 
 #[cfg(test)]

@@ -5,7 +5,8 @@
 //! and parsed.
 use std::{fs::File, io, os::fd::AsRawFd as _, path::Path};
 
-use super::{maps_line::MapsLine, open::MappedId, untrusted};
+use super::{open::MappedId, untrusted};
+use crate::maps_line::MapsLine;
 use crate::ops::metrics;
 
 /// One executable mapping.
@@ -133,7 +134,7 @@ fn query(maps: &File, named: impl Fn(&MappedId) -> bool) -> io::Result<Vec<CodeA
 /// The same from the maps text, where PROCMAP_QUERY is not known.
 fn from_text(maps: &Path) -> io::Result<Vec<CodeArea>> {
     let text = untrusted::read_proc(maps, MAX_MAPS_BYTES)?;
-    let areas = text.lines().filter_map(MapsLine::parse).filter(|line| line.executable).map(|line| CodeArea {
+    let areas = text.lines().filter_map(MapsLine::parse).filter(MapsLine::executable).map(|line| CodeArea {
         start: line.start,
         end: line.end,
         file_offset: line.file_offset,

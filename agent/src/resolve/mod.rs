@@ -7,7 +7,6 @@ mod cgroups;
 mod code_areas;
 mod interval;
 mod life;
-mod maps_line;
 mod open;
 mod perf_map;
 pub mod pods;
@@ -31,7 +30,7 @@ pub use procs::UserAddress;
 pub use python::PythonFrame;
 pub use targets::Targets;
 #[cfg(fuzzing)]
-pub use {maps_line::MapsLine, targets::from_cgroup_path};
+pub use targets::from_cgroup_path;
 #[cfg(fuzzing)]
 pub(crate) use {life::parse_stat, perf_map::{own_pid, PerfMap}, python::fuzzing as python_parsers, vdso::memory_file};
 

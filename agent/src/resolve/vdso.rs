@@ -8,7 +8,7 @@ use std::{
     sync::OnceLock,
 };
 
-use super::maps_line::MapsLine;
+use crate::maps_line::MapsLine;
 
 /// The copy, and its length.
 static IMAGE: OnceLock<Option<(File, u64)>> = OnceLock::new();

@@ -1,4 +1,5 @@
-//! Lines of /proc/<pid>/maps, parsed without copying.
+//! Lines of /proc/<pid>/maps, parsed without copying: the agent's own (its memory, its code)
+//! and the profiled processes' (their code, which they shape).
 /// One line of /proc/<pid>/maps: "start-end perms offset dev inode   path".
 #[derive(Debug, PartialEq, Eq)]
 pub struct MapsLine<'l> {
@@ -6,7 +7,8 @@ pub struct MapsLine<'l> {
     pub range: &'l str,
     pub start: u64,
     pub end: u64,
-    pub executable: bool,
+    /// "r-xp": read, write, execute, private or shared.
+    pub perms: &'l str,
     pub file_offset: u64,
     /// "major:minor" in hex.
     pub device: &'l str,
@@ -34,12 +36,21 @@ impl<'l> MapsLine<'l> {
             range,
             start,
             end,
-            executable: perms.contains('x'),
+            perms,
             file_offset: u64::from_str_radix(offset, 16).ok()?,
             device,
             inode: inode.parse().ok()?,
             path: rest.trim_start_matches(' '),
         })
+    }
+
+    pub fn executable(&self) -> bool {
+        self.perms.contains('x')
+    }
+
+    /// Whether the mapping covers `address`.
+    pub fn covers(&self, address: u64) -> bool {
+        (self.start..self.end).contains(&address)
     }
 }
 
@@ -56,7 +67,7 @@ mod tests {
                 range: "55d1c2a00000-55d1c2a21000",
                 start: 0x55d1c2a00000,
                 end: 0x55d1c2a21000,
-                executable: true,
+                perms: "r-xp",
                 file_offset: 0x2000,
                 device: "fd:01",
                 inode: 1234567,
@@ -64,7 +75,8 @@ mod tests {
             }
         );
         let anonymous = MapsLine::parse("7f0000000000-7f0000001000 rw-p 00000000 00:00 0 ").unwrap();
-        assert_eq!((anonymous.executable, anonymous.inode, anonymous.path), (false, 0, ""));
+        assert_eq!((anonymous.executable(), anonymous.inode, anonymous.path), (false, 0, ""));
+        assert!(line.covers(0x55d1c2a00000) && line.covers(0x55d1c2a20fff) && !line.covers(0x55d1c2a21000));
         assert_eq!(MapsLine::parse("7f0000001000-7f0000000000 r-xp 00000000 00:00 0"), None, "end before start");
         assert_eq!(MapsLine::parse("7f0000000000-7f0000001000 r-xp"), None);
         assert_eq!(MapsLine::parse(""), None);
