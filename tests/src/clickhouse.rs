@@ -1,6 +1,8 @@
-//! ClickHouse servers for the tests: Debian's `clickhouse-server` (installed by setup), each
-//! started on loopback ports of its own with its data in the test's directory, and killed
-//! when dropped.
+//! ClickHouse servers for the tests, each started on loopback ports of its own with its data in
+//! the test's directory, and killed when dropped: Debian's `clickhouse-server` (18.16,
+//! installed by setup), or today's ClickHouse engine (chdb, installed by setup from PyPI)
+//! behind the part of ClickHouse's HTTP interface the collector speaks
+//! (`fixtures/clickhouse/chdb_http.py`), so that the collector's SQL is checked on both.
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
@@ -14,12 +16,32 @@ pub struct ClickHouseServer {
     child: Child,
     pub http: SocketAddr,
     dir: PathBuf,
+    engine: Engine,
 }
+
+#[derive(Clone, Copy)]
+enum Engine {
+    Debian,
+    Current,
+}
+
+const CHDB_HTTP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/clickhouse/chdb_http.py");
 
 impl ClickHouseServer {
     /// Starts a server with its data under `dir`.
     pub fn start(dir: &Path) -> ClickHouseServer {
         ClickHouseServer::start_on(dir, [free_address(), free_address(), free_address()], "")
+    }
+
+    /// Today's ClickHouse engine (chdb) with its data under `dir`, answering over HTTP.
+    pub fn current(dir: &Path) -> ClickHouseServer {
+        std::fs::create_dir_all(dir).unwrap();
+        let http = free_address();
+        let mut server = ClickHouseServer { child: ClickHouseServer::spawn(dir, Engine::Current, http), http, dir: dir.to_path_buf(), engine: Engine::Current };
+        server.wait_ready();
+        let version = server.query("SELECT version()");
+        println!("current ClickHouse engine: {} (chdb)", version.trim());
+        server
     }
 
     /// `shards` servers under `dir`/shard-N, each one shard of the cluster `name`.
@@ -52,26 +74,42 @@ impl ClickHouseServer {
             interserver.port()
         );
         std::fs::write(dir.join("config.xml"), config).unwrap();
-        let mut server = ClickHouseServer { child: ClickHouseServer::spawn(dir), http, dir: dir.to_path_buf() };
+        let mut server = ClickHouseServer { child: ClickHouseServer::spawn(dir, Engine::Debian, http), http, dir: dir.to_path_buf(), engine: Engine::Debian };
         server.wait_ready();
         server
     }
 
-    fn spawn(dir: &Path) -> Child {
-        Command::new("clickhouse-server")
-            .arg(format!("--config-file={}", dir.join("config.xml").display()))
-            .stdout(Stdio::null())
-            .stderr(std::fs::OpenOptions::new().create(true).append(true).open(dir.join("stderr.log")).unwrap())
-            .spawn()
-            .expect("starting clickhouse-server (`cargo xtask setup` installs Debian's clickhouse-server)")
+    fn spawn(dir: &Path, engine: Engine, http: SocketAddr) -> Child {
+        let log = |name: &str| std::fs::OpenOptions::new().create(true).append(true).open(dir.join(name)).unwrap();
+        match engine {
+            Engine::Debian => Command::new("clickhouse-server")
+                .arg(format!("--config-file={}", dir.join("config.xml").display()))
+                .stdout(Stdio::null())
+                .stderr(log("stderr.log"))
+                .spawn()
+                .expect("starting clickhouse-server (`cargo xtask setup` installs Debian's clickhouse-server)"),
+            // Its errors (chdb missing, say) go where `wait_ready` looks.
+            Engine::Current => Command::new("python3")
+                .arg(CHDB_HTTP)
+                .arg(http.port().to_string())
+                .arg(dir.join("data"))
+                .stdout(log("error.log"))
+                .stderr(log("error.log"))
+                .spawn()
+                .expect("starting python3 for chdb"),
+        }
     }
 
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.try_query("SELECT 1").as_deref() != Ok("1\n") {
             let log = std::fs::read_to_string(self.dir.join("error.log")).unwrap_or_default();
-            assert!(Instant::now() < deadline, "clickhouse-server did not answer within 30 s: {}", log.lines().last().unwrap_or(""));
-            assert!(self.child.try_wait().unwrap().is_none(), "clickhouse-server exited: {}", log.lines().last().unwrap_or(""));
+            let what = match self.engine {
+                Engine::Debian => "clickhouse-server",
+                Engine::Current => "chdb (`cargo xtask setup` installs it from PyPI)",
+            };
+            assert!(Instant::now() < deadline, "{what} did not answer within 30 s: {}", log.lines().last().unwrap_or(""));
+            assert!(self.child.try_wait().unwrap().is_none(), "{what} exited: {}", log.lines().last().unwrap_or(""));
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -115,7 +153,7 @@ impl ClickHouseServer {
     /// Starts it again on its ports and data.
     pub fn restart(&mut self) {
         self.kill();
-        self.child = ClickHouseServer::spawn(&self.dir);
+        self.child = ClickHouseServer::spawn(&self.dir, self.engine, self.http);
         self.wait_ready();
     }
 }

@@ -45,9 +45,14 @@ impl TestStore {
         TestStore::Embedded(dir.path("data"))
     }
 
-    /// A ClickHouse server of its own, under `dir`/clickhouse.
+    /// A ClickHouse server of its own (Debian's), under `dir`/clickhouse.
     pub fn clickhouse(dir: &TempDir) -> TestStore {
         TestStore::ClickHouse { server: ClickHouseServer::start(&dir.path("clickhouse")), database: "ember_test".into(), cluster: None }
+    }
+
+    /// Today's ClickHouse engine (chdb), under `dir`/clickhouse.
+    pub fn current_clickhouse(dir: &TempDir) -> TestStore {
+        TestStore::ClickHouse { server: ClickHouseServer::current(&dir.path("clickhouse")), database: "ember_test".into(), cluster: None }
     }
 
     /// The collector's arguments that choose this store (serve, list and query take them).
@@ -181,10 +186,10 @@ pub fn make_pki(dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathB
 }
 
 
-/// Runs a test function that takes a store maker over each store, as `test::embedded` and
-/// `test::clickhouse`.
+/// Runs a test function that takes a store maker over each store, as `test::embedded`,
+/// `test::clickhouse` (Debian's 18.16) and `test::current_clickhouse` (today's engine).
 #[macro_export]
-macro_rules! over_both_stores {
+macro_rules! over_every_store {
     ($($test:ident),* $(,)?) => {$(
         mod $test {
             #[test]
@@ -195,6 +200,11 @@ macro_rules! over_both_stores {
             #[test]
             fn clickhouse() {
                 super::$test($crate::transport::TestStore::clickhouse)
+            }
+
+            #[test]
+            fn current_clickhouse() {
+                super::$test($crate::transport::TestStore::current_clickhouse)
             }
         }
     )*};

@@ -1,5 +1,5 @@
 //! ClickHouse as the collector's store, beyond what every store answers (those tests run over
-//! both stores in transport.rs and ui.rs): collectors sharing one ClickHouse store each profile
+//! every store in transport.rs and ui.rs, today's ClickHouse engine among them): collectors sharing one ClickHouse store each profile
 //! once even when both take it at the same moment; retention drops whole days; selectors that
 //! try to reach the SQL are data, never SQL; and ClickHouse going away loses and doubles
 //! nothing. Each test starts its own clickhouse-server on loopback.

@@ -4,12 +4,12 @@ use std::{process::Command, time::Duration};
 
 use ember_tests::{
     http_get, http_get_with, require_root,
-    over_both_stores,
+    over_every_store,
     transport::{collector_bin, free_address, health_and_services, push_agent, spool_is_empty, stop_agent as stop, stored, CollectorProcess, TestStore},
     Agent, Decoded, Fixture, TempDir,
 };
 
-over_both_stores!(
+over_every_store!(
     pushed_profiles_are_stored_and_query_returns_the_fixtures_totals,
     bad_pushes_are_refused_without_crashing_or_losing_what_is_stored,
     queries_are_bounded_and_overflowing_merges_are_errors,

@@ -13,7 +13,7 @@ use std::{
 use ember_tests::{
     browser::Browser,
     http_get, require_root,
-    over_both_stores,
+    over_every_store,
     transport::{free_address, push_agent, stop_agent, CollectorProcess, TestStore},
     Decoded, Fixture, TempDir,
 };
@@ -105,7 +105,7 @@ fn assert_near(what: &str, measured: f64, truth: f64, points: f64) {
     assert!((measured - truth).abs() <= points / 100.0, "{what}: {:.1}% against {:.1}% (allowed {points} points)", measured * 100.0, truth * 100.0);
 }
 
-over_both_stores!(the_page_shows_the_profile_and_follows_search_zoom_drag_diff_and_tables);
+over_every_store!(the_page_shows_the_profile_and_follows_search_zoom_drag_diff_and_tables);
 
 fn the_page_shows_the_profile_and_follows_search_zoom_drag_diff_and_tables(store: fn(&TempDir) -> TestStore) {
     require_root();

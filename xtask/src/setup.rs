@@ -21,8 +21,11 @@ fn apt_packages() -> Vec<(&'static str, &'static str)> {
         .collect()
 }
 
-/// (Python module, PyPI package): the deploy tests validate the Kubernetes manifests with it.
-const PIP_PACKAGES: [(&str, &str); 1] = [("kubernetes_validate", "kubernetes-validate==1.37.0")];
+/// (PyPI package, version): the deploy tests validate the Kubernetes manifests with
+/// kubernetes-validate; the store tests run the collector's SQL on today's ClickHouse engine
+/// with chdb, beside Debian's 18.16. Present means installed at that version: a package's
+/// leftovers (chdb's engine stays when chdb goes) still import.
+const PIP_PACKAGES: [(&str, &str); 2] = [("kubernetes-validate", "1.37.0"), ("chdb", "4.4.0")];
 
 /// (program, PyPI package): py-spy, the peer the Python tests and benchmark compare with. pip
 /// puts it beside python3 (`sysconfig`'s scripts directory), where the tests look for it.
@@ -102,14 +105,17 @@ pub fn setup() -> Result<()> {
     }
 
     let scripts = output("python3", &["-c", "import sysconfig; print(sysconfig.get_path('scripts'))"]).unwrap_or_default();
-    let pip = PIP_PACKAGES.iter().map(|&(module, package)| (module, package, output("python3", &["-c", &format!("import {module}")]).is_some()));
-    let programs = PIP_PROGRAMS.iter().map(|&(program, package)| (program, package, Path::new(scripts.trim()).join(program).is_file()));
+    let installed = |package: &str| output("python3", &["-c", &format!("import importlib.metadata as m; print(m.version({package:?}))")]);
+    let pip = PIP_PACKAGES.iter().map(|&(package, version)| {
+        (package, format!("{package}=={version}"), installed(package).is_some_and(|v| v.trim() == version))
+    });
+    let programs = PIP_PROGRAMS.iter().map(|&(program, package)| (program, package.to_string(), Path::new(scripts.trim()).join(program).is_file()));
     for (name, package, present) in pip.chain(programs) {
         if present {
             println!("setup: ok    {name}");
         } else {
             println!("setup: installing {package} (pip)");
-            run(Command::new("python3").args(["-m", "pip", "install", "--quiet", package]))?;
+            run(Command::new("python3").args(["-m", "pip", "install", "--quiet", &package]))?;
         }
     }
 
