@@ -23,9 +23,9 @@ fn apt_packages() -> Vec<(&'static str, &'static str)> {
 
 /// (PyPI package, version): the deploy tests validate the Kubernetes manifests with
 /// kubernetes-validate; the store tests run the collector's SQL on today's ClickHouse engine
-/// with chdb, beside Debian's 18.16. Present means installed at that version: a package's
-/// leftovers (chdb's engine stays when chdb goes) still import.
-const PIP_PACKAGES: [(&str, &str); 2] = [("kubernetes-validate", "1.37.0"), ("chdb", "4.4.0")];
+/// with chdb, beside Debian's 18.16 (chdb-core is its engine, which chdb does not pin).
+/// Present means installed at that version: a package's leftovers still import.
+const PIP_PACKAGES: [(&str, &str); 3] = [("kubernetes-validate", "1.37.0"), ("chdb-core", "26.9.0"), ("chdb", "4.4.0")];
 
 /// (program, PyPI package): py-spy, the peer the Python tests and benchmark compare with. pip
 /// puts it beside python3 (`sysconfig`'s scripts directory), where the tests look for it.
