@@ -42,14 +42,24 @@ impl HostTimes {
         HostTimes { ran: tick(0) + tick(1) + tick(2) + tick(5) + tick(6), stolen: tick(7) }
     }
 
-    /// Of the time the CPUs had work since `earlier`, the share the hypervisor took. A thread
-    /// stays current while its virtual CPU is stolen: a sampler on a clock sees it through
-    /// that time, which its CPU time leaves out. What the sampler sees of a thread that used
-    /// `cpu` is about `cpu / (1 - share)`.
+    /// Of the time the CPUs had work since `earlier`, the share the hypervisor took.
     pub fn steal_since(&self, earlier: &HostTimes) -> f64 {
         let (ran, stolen) = (self.ran.saturating_sub(earlier.ran), self.stolen.saturating_sub(earlier.stolen));
         if ran + stolen == 0 { 0.0 } else { stolen as f64 / (ran + stolen) as f64 }
     }
+}
+
+/// The on-CPU time (ns) a clock sampler (Ember, perf) may see of a thread that was busy
+/// `busy_ns` of wall time and used `cpu_ns` of CPU, on a host whose busy time had the share
+/// `steal` stolen: at least the lower of the two, at most the higher over (1 - steal). Stolen
+/// time is charged to the thread that is current when the virtual CPU gets it back: to a
+/// thread stolen mid-turn (its busy wall time has that), and to one woken on a virtual CPU
+/// the hypervisor was slow to run, which it never used (in neither measure). A ping-pong of
+/// thousands of wake-ups a second showed 19.1 s sampled for 15.1 s busy and 15.6 s of CPU
+/// with 19.6% stolen; a thread waking 50 times a second, 0.487 of its wall time sampled for
+/// 0.499 busy and 0.413 of CPU with 23.5% stolen. With no steal, both bounds are its time.
+pub fn sampled_range(busy_ns: f64, cpu_ns: f64, steal: f64) -> (f64, f64) {
+    (busy_ns.min(cpu_ns), busy_ns.max(cpu_ns) / (1.0 - steal))
 }
 
 /// Context switches of all live threads of a process, voluntary or not.

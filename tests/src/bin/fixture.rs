@@ -27,10 +27,11 @@
 //!   on a pipe that thread `writer` feeds every 5 ms. Prints each thread's "<tid> <wall ns>".
 //! - `sleepers`: ARGS[0] threads `sleeper`, each looping on nanosleep(10 ms). Prints nothing.
 //! - `half`: thread `half_busy` alternates 10 ms of CPU and 10 ms of sleep. Prints
-//!   "<tid> <wall ns> <cpu ns>".
+//!   "<tid> <wall ns> <cpu ns> <busy ns>" (busy: the wall time of its busy turns, which a
+//!   clock sampler sees, stolen time included, unlike the CPU time).
 //! - `pingpong`: two `ping_pong` threads hand a turn to each other through pipes, each busy
 //!   ARGS[0] microseconds (default 20) per turn: a context switch at every hand-over. Prints
-//!   each thread's "<tid> <wall ns> <cpu ns> <turns>".
+//!   each thread's "<tid> <wall ns> <cpu ns> <turns> <busy ns>".
 //! - `tcp-recv`: accepts one connection on ARGS[0] (addr:port), reads until EOF (pausing
 //!   ARGS[1] microseconds after each read of up to 64 KiB, if given). Prints bytes.
 //! - `tcp-send`: connects to ARGS[0], sends ARGS[1] bytes from `send_all`, closes once the
@@ -264,12 +265,13 @@ fn writer(fd: i32, deadline: Instant) {
 #[inline(never)]
 fn ping_pong(turn_in: i32, turn_out: i32, busy: Duration, deadline: Instant) -> String {
     let start = Instant::now();
-    let (mut byte, mut turns) = ([0u8; 1], 0u64);
+    let (mut byte, mut turns, mut busy_ns) = ([0u8; 1], 0u64, 0u128);
     while Instant::now() < deadline {
-        let busy_until = Instant::now() + busy;
-        while Instant::now() < busy_until {
+        let turn = Instant::now();
+        while turn.elapsed() < busy {
             black_box(burn(100));
         }
+        busy_ns += turn.elapsed().as_nanos();
         turns += 1;
         if raw_syscall(libc::SYS_write, turn_out as u64, b"x".as_ptr() as u64, 1) != 1
             || raw_syscall(libc::SYS_read, turn_in as u64, byte.as_mut_ptr() as u64, 1) != 1
@@ -281,24 +283,26 @@ fn ping_pong(turn_in: i32, turn_out: i32, busy: Duration, deadline: Instant) -> 
     let mut cpu = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut cpu) };
     let cpu_ns = cpu.tv_sec as u128 * 1_000_000_000 + cpu.tv_nsec as u128;
-    format!("{} {} {cpu_ns} {turns}", gettid(), start.elapsed().as_nanos())
+    format!("{} {} {cpu_ns} {turns} {busy_ns}", gettid(), start.elapsed().as_nanos())
 }
 
 #[inline(never)]
 fn half_busy(deadline: Instant) -> String {
     let start = Instant::now();
     let ten_ms = libc::timespec { tv_sec: 0, tv_nsec: 10_000_000 };
+    let mut busy_ns = 0u128;
     while Instant::now() < deadline {
-        let busy_until = Instant::now() + Duration::from_millis(10);
-        while Instant::now() < busy_until {
+        let turn = Instant::now();
+        while turn.elapsed() < Duration::from_millis(10) {
             black_box(burn(1000));
         }
+        busy_ns += turn.elapsed().as_nanos();
         raw_syscall(libc::SYS_nanosleep, &ten_ms as *const _ as u64, 0, 0);
     }
     let mut cpu = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut cpu) };
     let cpu_ns = cpu.tv_sec as u128 * 1_000_000_000 + cpu.tv_nsec as u128;
-    format!("{} {} {cpu_ns}", gettid(), start.elapsed().as_nanos())
+    format!("{} {} {cpu_ns} {busy_ns}", gettid(), start.elapsed().as_nanos())
 }
 
 #[inline(never)]
