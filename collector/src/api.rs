@@ -64,6 +64,8 @@ struct TreeAnswer {
     /// Parts merged for both: the embedded store's records (roll-ups, each many profiles, and
     /// raw profiles), or one merged profile per range where the data is.
     records: usize,
+    /// Of `profiles` and `base_profiles`, how many were read from roll-ups.
+    rolled_up: usize,
     #[serde(flatten)]
     tree: Tree,
 }
@@ -105,13 +107,15 @@ pub(crate) async fn tree_handler(State(api): State<Arc<Api>>, Query(q): Query<Pa
                 Ok(())
             })
         };
-        let profiles = add(0, &selector, (from, to))?;
-        let base_profiles = match &base {
-            Some((range, base_selector)) => add(1, base_selector, *range)?,
-            None => 0,
+        let merged = add(0, &selector, (from, to))?;
+        let base = match &base {
+            Some((range, base_selector)) => Some(add(1, base_selector, *range)?),
+            None => None,
         };
         let tree = builder.finish(max_nodes, base.is_some());
-        Ok(TreeAnswer { kind, value, sample_types, profiles, base_profiles, records, tree })
+        let (profiles, base_profiles) = (merged.profiles, base.map_or(0, |b| b.profiles));
+        let rolled_up = merged.rolled_up + base.map_or(0, |b| b.rolled_up);
+        Ok(TreeAnswer { kind, value, sample_types, profiles, base_profiles, records, rolled_up, tree })
     };
     match limited(&api, work).await {
         Ok(found) => Json(found).into_response(),

@@ -11,7 +11,7 @@ use crate::{
     labels, query,
     rollup::Roller,
     series,
-    store::{origin, Checked, Labels, Points, ProfileStore, Selection, Stored},
+    store::{origin, Checked, Labels, Merged, Points, ProfileStore, Selection, Stored},
 };
 
 /// The redb store, and the roller's memory of the buckets it saw pending.
@@ -35,7 +35,7 @@ impl ProfileStore for Embedded {
         self.store.stored_through(agent)
     }
 
-    fn visit_merged(&self, selection: &Selection, deadline: Option<Instant>, visit: &mut dyn FnMut(pprof::Profile) -> Result<()>) -> Result<usize> {
+    fn visit_merged(&self, selection: &Selection, deadline: Option<Instant>, visit: &mut dyn FnMut(pprof::Profile) -> Result<()>) -> Result<Merged> {
         let (kind, selector, range) = (selection.kind, selection.selector, selection.range);
         if !ember_pprof::kind_holds(kind) {
             return query::visit_matching(&self.store, kind, selector, range, deadline, |_, profile| visit(profile));

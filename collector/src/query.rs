@@ -11,7 +11,7 @@ use ember_proto::pprof::Profile;
 
 use crate::{
     embedded::{Detail, EmbeddedStore, StoredProfile},
-    store::{ProfileStore, Selection},
+    store::{Merged, ProfileStore, Selection},
 };
 
 /// "service=api,pod=x": every pair must match the profile's labels (agent, host, node, static
@@ -94,7 +94,8 @@ pub fn decoded(stored: &StoredProfile, sample_terms: &[(&str, &str)]) -> Result<
 }
 
 /// Hands `visit` each profile of [from, to) that matches, decoded (see `decoded`), or the
-/// roll-up that holds it; returns how many raw profiles that was. Decoding (inflating,
+/// roll-up that holds it; returns how many raw profiles that was, and how many of them came
+/// in roll-ups. Decoding (inflating,
 /// parsing) runs on a thread of its own, a few profiles ahead of `visit`, so that a large
 /// query uses two cores.
 pub fn visit_matching(
@@ -104,7 +105,7 @@ pub fn visit_matching(
     range: (u64, u64),
     deadline: Option<Instant>,
     mut visit: impl FnMut(&StoredProfile, Profile) -> Result<()>,
-) -> Result<usize> {
+) -> Result<Merged> {
     let (sender, receiver) = std::sync::mpsc::sync_channel::<Result<(StoredProfile, Profile)>>(16);
     std::thread::scope(|scope| {
         scope.spawn(move || {
@@ -119,10 +120,11 @@ pub fn visit_matching(
                 let _ = sender.send(Err(error));
             }
         });
-        let mut count = 0;
+        let mut count = Merged::default();
         for item in receiver {
             let (stored, profile) = item?;
-            count += stored.profiles() as usize;
+            let rolled_up = if stored.merged > 0 { stored.merged as usize } else { 0 };
+            count.add(Merged { profiles: stored.profiles() as usize, rolled_up });
             visit(&stored, profile)?;
         }
         Ok(count)
@@ -138,7 +140,8 @@ pub fn merged(store: &dyn ProfileStore, selection: &Selection, deadline: Option<
             partials.push(ember_pprof::merge(&std::mem::take(&mut chunk))?);
         }
         Ok(())
-    })?;
+    })?
+    .profiles;
     if count == 0 {
         return Ok(None);
     }

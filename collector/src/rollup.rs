@@ -159,7 +159,7 @@ mod tests {
             lines
         };
         let mut rolled = Vec::new();
-        let count = query::visit_matching(store, "cpu", &selector, (from, to), None, |_, profile| Ok(rolled.push(profile))).unwrap();
+        let count = query::visit_matching(store, "cpu", &selector, (from, to), None, |_, profile| Ok(rolled.push(profile))).unwrap().profiles;
         let rolled = ember_pprof::merge(&rolled).unwrap();
         let mut raw = Vec::new();
         query::scan_matching(store, "cpu", &selector, (from, to), Detail::Profiles, None, |stored, terms| {

@@ -66,6 +66,21 @@ pub struct Points {
     pub profiles: usize,
 }
 
+/// How many stored profiles a merged selection holds, and how many of them were read from
+/// roll-ups (the rest, from the profiles themselves).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Merged {
+    pub profiles: usize,
+    pub rolled_up: usize,
+}
+
+impl Merged {
+    pub fn add(&mut self, other: Merged) {
+        self.profiles += other.profiles;
+        self.rolled_up += other.rolled_up;
+    }
+}
+
 /// Values kept per label name; beyond them the name is marked as truncated.
 pub const MAX_VALUES: usize = 200;
 
@@ -105,7 +120,7 @@ pub trait ProfileStore: Send + Sync {
 
     /// Hands `visit` the selection merged, in parts (the embedded store's records, or one
     /// profile merged where the data is); returns how many stored profiles they stand for.
-    fn visit_merged(&self, selection: &Selection, deadline: Option<Instant>, visit: &mut dyn FnMut(pprof::Profile) -> Result<()>) -> Result<usize>;
+    fn visit_merged(&self, selection: &Selection, deadline: Option<Instant>, visit: &mut dyn FnMut(pprof::Profile) -> Result<()>) -> Result<Merged>;
 
     /// The selection's totals of sample value `value` by the values of label `group_by`, at
     /// least per second of profile starts.

@@ -60,6 +60,23 @@ fn total(http: SocketAddr, query: &str) -> (u16, i64) {
     (status, if status == 200 { folded_total(&String::from_utf8_lossy(&body)) } else { 0 })
 }
 
+/// Waits until a collector reads all `profiles` cpu profiles of [from, to) (unix s) from
+/// roll-ups (its roller builds them every 10 s, once due).
+fn wait_for_roll_ups(http: SocketAddr, (from, to): (i64, i64), profiles: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) = http_get(http, &format!("/api/tree?kind=cpu&from={from}&to={to}"));
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        let tree: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(tree["profiles"], profiles, "{tree}");
+        if tree["rolled_up"] == profiles {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not all rolled up after 60 s: {tree}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 #[test]
 fn two_collectors_taking_the_same_profiles_at_once_store_them_once() {
     let dir = TempDir::new("ch-twice");
@@ -111,6 +128,12 @@ fn two_collectors_taking_the_same_profiles_at_once_store_them_once() {
     }
     let rows = stored(&store);
     assert_eq!(rows, (1..=50).map(|n| ("twice".to_string(), n)).collect::<Vec<_>>());
+    // Both collectors roll up the buckets (all due: they ended 11 minutes ago and more), each
+    // from one copy of each profile; where both built a bucket, reads take one build.
+    for http in http {
+        wait_for_roll_ups(http, (now() - 3600, now() + 1), 50);
+        assert_eq!(total(http, ""), (200, expected), "from the roll-ups, each profile once");
+    }
 }
 
 #[test]
@@ -286,4 +309,13 @@ fn two_shards_behind_two_collectors_answer_what_three_agents_recorded() {
     let local = |store: &TestStore, table: &str| -> u64 { server(store).query(&format!("SELECT count() FROM ember_test.{table}_local")).trim().parse().unwrap() };
     assert!(stores.iter().all(|s| local(s, "stacks") > 0), "a shard holds no stacks");
     assert_eq!(stores.iter().map(|s| local(s, "profiles")).sum::<u64>() as usize, stored(&stores[0]).len());
+    // Roll-ups over the cluster: a spool's profiles of ten minutes that ended 20 minutes ago,
+    // pushed to one collector, rolled up and read from the roll-ups through either.
+    let start = (now() - 1800) / 600 * 600;
+    let answer = push(grpc[0], "earlier", 9, (1..=12).map(|n| profile(n, start + n as i64 * 10, n as i64, &[])).collect());
+    assert!(answer.refused.is_empty(), "{answer:?}");
+    for http in http {
+        wait_for_roll_ups(http, (start, start + 600), 12);
+        assert_eq!(total(http, "selector=agent=earlier"), (200, (1..=12).sum()), "asked of {http}");
+    }
 }

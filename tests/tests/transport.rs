@@ -14,6 +14,7 @@ over_every_store!(
     bad_pushes_are_refused_without_crashing_or_losing_what_is_stored,
     queries_are_bounded_and_overflowing_merges_are_errors,
     heap_in_use_is_each_agents_average_and_growth_shows_between_two_times,
+    the_collector_rolls_up_what_it_stored_and_answers_as_from_the_profiles,
 );
 
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
@@ -436,12 +437,11 @@ fn two_stack_pprof_gzip(a: i64, pod: &str) -> Vec<u8> {
     ember_tests::gzip(&profile.encode_to_vec())
 }
 
-#[test]
-fn the_collector_rolls_up_what_it_stored_and_answers_as_from_the_profiles() {
+fn the_collector_rolls_up_what_it_stored_and_answers_as_from_the_profiles(store: fn(&TempDir) -> TestStore) {
     use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest};
 
     let dir = TempDir::new("rollups");
-    let (address, http, data) = (free_address(), free_address(), TestStore::embedded(&dir));
+    let (address, http, data) = (free_address(), free_address(), store(&dir));
     let collector = CollectorProcess::start_with_http(address, http, &data, &[]);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     const NS: i64 = 1_000_000_000;
@@ -484,20 +484,26 @@ fn the_collector_rolls_up_what_it_stored_and_answers_as_from_the_profiles() {
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
         ember_tests::folded_total(&String::from_utf8_lossy(&body))
     };
-    // The roller (every 10 s) makes the 240 profiles four records: ten minutes per agent.
-    let wait_for_records = |want: u64| {
+    // The roller (every 10 s) rolls up every profile; the embedded store reads them as four
+    // records: ten minutes per agent.
+    let embedded = matches!(data, TestStore::Embedded(_));
+    let wait_for_roll_ups = |profiles: u64| {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             let answer = tree("");
-            if answer["records"] == want {
-                return answer;
+            assert_eq!(answer["profiles"], profiles);
+            if answer["rolled_up"] == profiles {
+                if embedded {
+                    assert_eq!(answer["records"], 4);
+                }
+                return;
             }
-            assert!(std::time::Instant::now() < deadline, "no roll-ups after 60 s: {}", answer["records"]);
+            assert!(std::time::Instant::now() < deadline, "not all rolled up after 60 s: {answer}");
             std::thread::sleep(Duration::from_millis(500));
         }
     };
-    let answer = wait_for_records(4);
-    assert_eq!(answer["profiles"], 240);
+    assert_eq!(tree("")["profiles"], 240);
+    wait_for_roll_ups(240);
     assert_eq!(totals(""), 2 * expected(0..120, None));
     assert_eq!(totals("host=host-1"), expected(0..120, None));
     // A sample label: roll-ups keep them.
@@ -520,13 +526,16 @@ fn the_collector_rolls_up_what_it_stored_and_answers_as_from_the_profiles() {
         client.push(PushRequest { agent: Some(agent), profiles: vec![late] }).await.unwrap();
     });
     assert_eq!(totals("host=host-1"), expected(0..120, None) + 102);
-    assert_eq!(tree("")["profiles"], 241);
-    wait_for_records(4);
+    let answer = tree("");
+    assert_eq!(answer["profiles"], 241);
+    assert!(answer["rolled_up"].as_u64().unwrap() < 241, "read raw until rolled up again: {answer}");
+    wait_for_roll_ups(241);
     assert_eq!(totals("pod=pod-1"), 2 * expected(0..120, Some(1)) + 100);
     // Roll-ups are kept in the store: a restarted collector reads them at once.
     collector.stop();
     let collector = CollectorProcess::start_with_http(address, http, &data, &[]);
-    assert_eq!((tree("")["records"].as_u64(), tree("")["profiles"].as_u64()), (Some(4), Some(241)));
+    let answer = tree("");
+    assert_eq!((answer["rolled_up"].as_u64(), answer["profiles"].as_u64()), (Some(241), Some(241)));
     assert_eq!(totals(""), 2 * expected(0..120, None) + 102);
     collector.stop();
 }

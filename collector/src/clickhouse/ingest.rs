@@ -3,11 +3,7 @@
 //! collectors storing the same profile at once (an agent that timed out on one and resent to
 //! another) write two copies under different attempts, and every read keeps one. A copy's
 //! stacks and samples go in before its profile row, which makes it readable.
-use std::{
-    collections::HashSet,
-    hash::{BuildHasher, Hasher},
-    sync::atomic::{AtomicU64, Ordering},
-};
+use std::{collections::HashSet, sync::atomic::Ordering};
 
 use anyhow::Result;
 use ember_pprof::FastMap;
@@ -17,7 +13,7 @@ use super::{
     client::External,
     row_binary::{Reader, Writer},
     stacks::{rows, Stack},
-    ClickHouse,
+    unique_id, ClickHouse,
 };
 use super::FastSet;
 use crate::{
@@ -89,7 +85,7 @@ impl ClickHouse {
         let horizon = self.horizon.load(Ordering::Relaxed);
         let through = self.watermark(&origin)?;
         let stored = self.stored_after(&origin, through)?;
-        let attempt = attempt_id();
+        let attempt = unique_id();
         let (mut batch, mut taken, mut result) = (Batch::default(), Vec::new(), Stored::default());
         let known = self.stacks_stored.read().unwrap_or_else(|e| e.into_inner());
         for Checked { profile, totals, decoded } in profiles {
@@ -165,14 +161,4 @@ fn args(origin: &str) -> External<'static> {
     let mut rows = Writer::default();
     rows.str(origin);
     External { name: "args", structure: "origin String", rows }
-}
-
-/// An id for one collector's copy of a push: distinct across collectors and pushes.
-fn attempt_id() -> u64 {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    hasher.write_u32(std::process::id());
-    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
-    hasher.finish()
 }

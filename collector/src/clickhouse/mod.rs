@@ -1,21 +1,26 @@
 //! ClickHouse as the collector's store, for fleets: any number of collectors share one
 //! ClickHouse (or a cluster of them) and none keeps state another needs. Profiles are stored
 //! as rows (`schema`), exactly once across collectors (`ingest`), inserted with the other
-//! pushes of the moment (`inserts`), and queries run where the data is (`reads`, over selections bound in `select`); retention drops days (`retention`).
+//! pushes of the moment (`inserts`), and queries run where the data is (`reads`, over
+//! selections bound in `select`), from the roll-ups (`rollups`) that `plan` picks where they
+//! are complete; retention drops days (`retention`).
 //! `client` speaks ClickHouse's HTTP interface, in `row_binary` both ways, and `stacks` turns
 //! a profile into rows and rows into a profile.
 mod client;
 mod ingest;
 mod inserts;
+mod plan;
 mod reads;
 mod retention;
+mod rollups;
 mod row_binary;
 mod schema;
 mod select;
 mod stacks;
 
 use std::{
-    sync::{atomic::AtomicU64, Arc, RwLock},
+    collections::HashMap,
+    sync::{atomic::AtomicU64, Arc, Mutex, RwLock},
     time::Instant,
 };
 
@@ -34,7 +39,7 @@ pub(crate) mod fuzzing {
     };
 }
 
-use crate::store::{Checked, Labels, Points, ProfileStore, Selection, Stored};
+use crate::store::{Checked, Labels, Merged, Points, ProfileStore, Selection, Stored};
 
 pub struct ClickHouse {
     client: Arc<client::Client>,
@@ -50,6 +55,9 @@ pub struct ClickHouse {
     /// in its every profile, and are not sent again. Only an economy: a stack sent twice is
     /// one row once ClickHouse merges.
     stacks_stored: RwLock<FastSet<(u64, u64)>>,
+    /// (level, bucket) -> profiles, of the buckets the last round of `roll_due` saw due and
+    /// not built: one is built once it holds as many in the next round.
+    seen: Mutex<HashMap<(u64, u64), u64>>,
 }
 
 type FastSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
@@ -75,8 +83,21 @@ impl ClickHouse {
             database: database.to_string(),
             horizon: AtomicU64::new(0),
             stacks_stored: RwLock::default(),
+            seen: Mutex::default(),
         })
     }
+}
+
+/// An id distinct across collectors and calls: of one collector's copy of a push, of a build
+/// of roll-ups.
+fn unique_id() -> u64 {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    hasher.write_u32(std::process::id());
+    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    hasher.finish()
 }
 
 impl ProfileStore for ClickHouse {
@@ -88,8 +109,8 @@ impl ProfileStore for ClickHouse {
         self.watermark(&crate::store::origin(agent))
     }
 
-    fn visit_merged(&self, selection: &Selection, deadline: Option<Instant>, visit: &mut dyn FnMut(pprof::Profile) -> Result<()>) -> Result<usize> {
-        let Some((profile, count)) = self.merged(selection, deadline)? else { return Ok(0) };
+    fn visit_merged(&self, selection: &Selection, deadline: Option<Instant>, visit: &mut dyn FnMut(pprof::Profile) -> Result<()>) -> Result<Merged> {
+        let Some((profile, count)) = self.merged(selection, deadline)? else { return Ok(Merged::default()) };
         visit(profile)?;
         Ok(count)
     }
@@ -112,8 +133,7 @@ impl ProfileStore for ClickHouse {
         self.client.query("SELECT 1", &[], Some(deadline)).map(drop).context("ClickHouse is not answering")
     }
 
-    /// Queries read the sample rows themselves: there is nothing to build.
-    fn roll_due(&self, _now: u64, _delay: u64) -> Result<usize> {
-        Ok(0)
+    fn roll_due(&self, now: u64, delay: u64) -> Result<usize> {
+        ClickHouse::roll_due(self, now, delay)
     }
 }

@@ -1,6 +1,7 @@
-//! The queries, answered where the data is: a merged selection is one GROUP BY over the
-//! sample rows (stack and labels) and one read of the stacks it names; a time series sums per
-//! second and group; label values come from one GROUP BY, capped per name by LIMIT BY.
+//! The queries, answered where the data is: a merged selection is one GROUP BY over its
+//! complete roll-ups and the sample rows of the rest of its range (by stack and labels), and
+//! one read of the stacks it names; a time series sums the sample rows per second and group;
+//! label values come from one GROUP BY, capped per name by LIMIT BY.
 use std::{
     collections::{BTreeMap, HashMap},
     time::Instant,
@@ -16,42 +17,57 @@ use super::{
     stacks::{Builder, SampleLabels, Stack},
     ClickHouse,
 };
-use crate::store::{Labels, Point, Points, Selection, MAX_VALUES};
+use crate::store::{Labels, Merged, Point, Points, Selection, MAX_VALUES};
 
 impl ClickHouse {
     /// The selection merged into one profile, and how many profiles it holds; None if none.
-    pub(super) fn merged(&self, selection: &Selection, deadline: Option<Instant>) -> Result<Option<(Profile, usize)>> {
+    pub(super) fn merged(&self, selection: &Selection, deadline: Option<Instant>) -> Result<Option<(Profile, Merged)>> {
         let db = &self.database;
-        let bound = bind(db, selection, "")?;
-        let (with, filter) = (&bound.with, &bound.samples);
+        let parts = self.plan(selection.range, deadline)?;
+        let bound = bind(db, selection, "", &parts)?;
+        let (with, raw, rolled) = (&bound.with, &bound.samples, &bound.rollups);
         // Held values are averaged over each source's profiles (see ember_pprof::kind_holds):
-        // they are counted, and the samples summed, per source.
+        // they are counted, and the samples summed, per source. A roll-up row says how many
+        // profiles its group holds.
         let source = if ember_pprof::kind_holds(selection.kind) { "origin" } else { "''" };
         let answer = self.client.query(
             &format!(
-                "WITH {with} SELECT {source} AS source, uniqExact(origin, sequence), min(start_ns), max(end_ns) FROM {db}.samples WHERE {filter} \
-GROUP BY source FORMAT RowBinary"
+                "SELECT * FROM (WITH {with} SELECT {source} AS source, toUInt64(0) AS rolled, uniqExact(origin, sequence) AS n, min(start_ns) AS first_ns, \
+max(end_ns) AS last_ns FROM {db}.samples WHERE {raw} GROUP BY source \
+UNION ALL SELECT source, toUInt64(1) AS rolled, sum(group_profiles) AS n, min(group_first) AS first_ns, max(group_last) AS last_ns FROM \
+(WITH {with} SELECT {source} AS source, any(profiles) AS group_profiles, min(start_ns) AS group_first, max(end_ns) AS group_last \
+FROM {db}.rollups WHERE {rolled} GROUP BY source, level, bucket, kind, origin, label_keys, label_values) GROUP BY source) FORMAT RowBinary"
             ),
             &bound.external,
             deadline,
         )?;
-        let (mut profiles_of, mut count, mut start, mut end) = (HashMap::new(), 0, u64::MAX, 0);
+        let (mut profiles_of, mut count, mut start, mut end) = (HashMap::new(), Merged::default(), u64::MAX, 0);
         let mut r = Reader(&answer);
         while !r.is_empty() {
-            let (source, profiles, first, last) = (r.str()?, r.u64()?, r.u64()?, r.u64()?);
-            (count, start, end) = (count + profiles, start.min(first), end.max(last));
-            profiles_of.insert(source, profiles);
+            let (source, rolled, profiles, first, last) = (r.str()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+            let profiles = profiles as usize;
+            count.add(Merged { profiles, rolled_up: if rolled == 1 { profiles } else { 0 } });
+            (start, end) = (start.min(first), end.max(last));
+            *profiles_of.entry(source).or_default() += profiles;
         }
-        if count == 0 {
+        if count.profiles == 0 {
             return Ok(None);
         }
         let mut builder = Builder::default();
         self.describe(&mut builder, &bound, deadline)?;
+        let per_table = |table: &str, filter: &str| {
+            format!(
+                "WITH {with} SELECT {source} AS source, stack, sample_keys, sample_values, sample_num_keys, sample_nums, sumForEach(values) AS summed, \
+sumForEach(arrayMap(x -> toFloat64(x), values)) AS floats FROM {db}.{table} WHERE {filter} \
+GROUP BY source, stack, sample_keys, sample_values, sample_num_keys, sample_nums"
+            )
+        };
         let rows = self.client.query(
             &format!(
-                "WITH {with} SELECT {source} AS source, stack, sample_keys, sample_values, sample_num_keys, sample_nums, sumForEach(values), \
-sumForEach(arrayMap(x -> toFloat64(x), values)) FROM {db}.samples \
-WHERE {filter} GROUP BY source, stack, sample_keys, sample_values, sample_num_keys, sample_nums FORMAT RowBinary"
+                "SELECT source, stack, sample_keys, sample_values, sample_num_keys, sample_nums, sumForEach(summed), sumForEach(floats) FROM \
+({} UNION ALL {}) GROUP BY source, stack, sample_keys, sample_values, sample_num_keys, sample_nums FORMAT RowBinary",
+                per_table("samples", raw),
+                per_table("rollups", rolled)
             ),
             &bound.external,
             deadline,
@@ -86,7 +102,7 @@ WHERE {filter} GROUP BY source, stack, sample_keys, sample_values, sample_num_ke
         }
         builder.profile.time_nanos = start as i64;
         builder.profile.duration_nanos = end.saturating_sub(start) as i64;
-        Ok(Some((builder.profile, count as usize)))
+        Ok(Some((builder.profile, count)))
     }
 
     /// Sets the sample types and period of the selection's profiles, which must agree.
@@ -140,7 +156,7 @@ FROM {}.stacks WHERE stack IN (SELECT stack FROM wanted) GROUP BY stack FORMAT R
     /// Totals of sample value `value` per second of profile starts, profile length and group.
     pub(super) fn points(&self, selection: &Selection, value: usize, group_by: Option<&str>, deadline: Option<Instant>) -> Result<Points> {
         let db = &self.database;
-        let bound = bind(db, selection, group_by.unwrap_or(""))?;
+        let bound = bind(db, selection, group_by.unwrap_or(""), &[])?;
         let (with, filter) = (&bound.with, &bound.samples);
         let group = if group_by.is_some() { GROUP_VALUE } else { "'total'" };
         // Held values are averaged per source over a step: each source's points apart (one
@@ -198,7 +214,7 @@ FORMAT RowBinary"
     pub(super) fn labels(&self, kind: &str, range: (u64, u64), deadline: Instant) -> Result<Labels> {
         let db = &self.database;
         let selector = BTreeMap::new();
-        let bound = bind(db, &Selection { kind, selector: &selector, range }, "")?;
+        let bound = bind(db, &Selection { kind, selector: &selector, range }, "", &[])?;
         let profiles = &bound.profiles;
         let cap = MAX_VALUES + 1;
         let answer = self.client.query(

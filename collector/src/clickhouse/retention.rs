@@ -22,13 +22,14 @@ impl ClickHouse {
         // Days since 1970-01-01, as a Date is stored.
         let first_kept = oldest / DAY_NS;
         // On a cluster, this server's part: each server's is dropped by the collectors on it.
-        let [profiles, samples, stacks] = ["profiles", "samples", "stacks"].map(|table| local_name(table, self.cluster.as_deref()));
+        let tables = ["profiles", "samples", "stacks", "rollups", "builds"].map(|table| local_name(table, self.cluster.as_deref()));
         let mut args = Writer::default();
         args.str(&self.database);
         let answer = self.client.query(
             &format!(
                 "SELECT DISTINCT partition_id FROM system.parts WHERE database = (SELECT db FROM args) \
-AND table IN ('{profiles}', '{samples}', '{stacks}') AND active AND toUInt16(max_date) < {first_kept} FORMAT RowBinary"
+AND table IN ('{}') AND active AND toUInt16(max_date) < {first_kept} FORMAT RowBinary",
+                tables.join("', '")
             ),
             &[External { name: "args", structure: "db String", rows: args }],
             None,
@@ -44,10 +45,10 @@ AND table IN ('{profiles}', '{samples}', '{stacks}') AND active AND toUInt16(max
             return Ok(0);
         }
         let db = &self.database;
-        let counted = self.client.query(&format!("SELECT count() FROM {db}.{profiles} WHERE toUInt16(day) < {first_kept} FORMAT RowBinary"), &[], None)?;
+        let counted = self.client.query(&format!("SELECT count() FROM {db}.{} WHERE toUInt16(day) < {first_kept} FORMAT RowBinary", tables[0]), &[], None)?;
         let gone = Reader(&counted).u64()?;
         for day in days {
-            for table in [&profiles, &samples, &stacks] {
+            for table in &tables {
                 self.client.query(&format!("ALTER TABLE {db}.{table} DROP PARTITION ID '{day}'"), &[], None)?;
             }
         }

@@ -1,8 +1,9 @@
 //! The tables the collector keeps in ClickHouse, made for ClickHouse's way of answering:
 //! samples are rows (a merged flame graph is one GROUP BY over them, run where the data is),
-//! their stacks are stored once per day by hash, and every table but the watermarks is
-//! partitioned by day, so retention drops whole partitions. The SQL is the subset that
-//! ClickHouse 18.16 (Debian's) and current releases both accept.
+//! their stacks are stored once per day by hash, roll-ups sum them per minute, ten minutes
+//! and hour, and every table but the watermarks is partitioned by day, so retention drops
+//! whole partitions. The SQL is the subset that ClickHouse 18.16 (Debian's) and current
+//! releases both accept.
 use anyhow::{bail, Result};
 
 /// A database or cluster name, checked: names are the one thing spliced into statements.
@@ -21,8 +22,12 @@ pub fn identifier<'a>(what: &str, name: &'a str) -> Result<&'a str> {
 const PROFILE_KEY: &str = "day Date, start_ns UInt64, end_ns UInt64, kind String, origin String, sequence UInt64, attempt UInt64, \
 agent String, host String, label_keys Array(String), label_values Array(String)";
 
+/// Columns every sample row and roll-up row share: the sample's labels, stack and values.
+const SAMPLE: &str = "sample_keys Array(String), sample_values Array(String), sample_num_keys Array(String), sample_nums Array(Int64), \
+stack UInt64, values Array(Int64)";
+
 /// Ember's tables: name, columns, engine and key, and what shards its rows on a cluster.
-const TABLES: [(&str, &str, &str, &str); 4] = [
+const TABLES: [(&str, &str, &str, &str); 6] = [
     // One row per stored copy of a profile: its sample types and totals, and which
     // (origin, sequence) it is. Written last, after its samples: a copy is readable once this
     // row exists, so a copy cut short by a crash is never read.
@@ -35,13 +40,7 @@ totals Array(Int64), samples UInt64",
     ),
     // One row per sample: its labels, its stack's hash and its values. Sharded as its
     // profile, so that picking a profile's copy is a question each shard answers alone.
-    (
-        "samples",
-        "sample_keys Array(String), sample_values Array(String), sample_num_keys Array(String), sample_nums Array(Int64), \
-stack UInt64, values Array(Int64)",
-        "MergeTree PARTITION BY day ORDER BY (kind, start_ns, stack)",
-        "cityHash64(origin)",
-    ),
+    ("samples", SAMPLE, "MergeTree PARTITION BY day ORDER BY (kind, start_ns, stack)", "cityHash64(origin)"),
     // Each stack once per day it is used in (merges remove the copies), leaf first: one entry
     // per line of each frame, `locations` numbering the frames (a frame with inlined functions
     // has several lines), `lines` -1 for a frame without any.
@@ -55,6 +54,14 @@ addresses Array(UInt64), locations Array(UInt64)",
     // How far each spool is stored without a gap: never dropped with the days, so that a
     // retry of a profile past retention is still known as a duplicate.
     ("watermarks", "", "ReplacingMergeTree(through) ORDER BY origin", "cityHash64(origin)"),
+    // A bucket's samples summed per agent, kind, labels and stack, by one build (see
+    // `rollups`): `profiles` is how many profiles the row's group (agent, kind, profile
+    // labels) holds, `start_ns` and `end_ns` when they start and end. Sharded as the samples
+    // they sum.
+    ("rollups", SAMPLE, "MergeTree PARTITION BY day ORDER BY (level, kind, bucket, stack)", "cityHash64(origin)"),
+    // One row per build of a bucket's roll-ups, written after them: how many profiles the
+    // bucket held when the build began. A build is read while its bucket holds that many.
+    ("builds", "profiles UInt64", "MergeTree PARTITION BY day ORDER BY (level, bucket)", "bucket"),
 ];
 
 /// The columns a table starts with.
@@ -62,6 +69,10 @@ fn leading(table: &str) -> String {
     match table {
         "profiles" | "samples" => format!("{PROFILE_KEY}, "),
         "stacks" => "day Date, stack UInt64, ".to_string(),
+        "rollups" => "day Date, level UInt64, bucket UInt64, build UInt64, start_ns UInt64, end_ns UInt64, kind String, origin String, \
+agent String, host String, label_keys Array(String), label_values Array(String), profiles UInt64, "
+            .to_string(),
+        "builds" => "day Date, level UInt64, bucket UInt64, build UInt64, ".to_string(),
         _ => "origin String, through UInt64".to_string(),
     }
 }
@@ -100,13 +111,14 @@ mod tests {
     #[test]
     fn a_cluster_gets_local_tables_and_distributed_ones_over_them() {
         let single = statements("ember", None).unwrap();
-        assert_eq!(single.len(), 5);
+        assert_eq!(single.len(), 7);
         assert!(single[1].starts_with("CREATE TABLE IF NOT EXISTS ember.profiles (day Date,"), "{}", single[1]);
         let cluster = statements("ember", Some("fleet")).unwrap();
-        assert_eq!(cluster.len(), 9);
+        assert_eq!(cluster.len(), 13);
         assert!(cluster[3].starts_with("CREATE TABLE IF NOT EXISTS ember.samples_local (day Date,"), "{}", cluster[3]);
         assert_eq!(cluster[4], "CREATE TABLE IF NOT EXISTS ember.samples AS ember.samples_local ENGINE = Distributed(fleet, ember, samples_local, cityHash64(origin))");
         assert!(cluster[7].ends_with("(origin String, through UInt64) ENGINE = ReplacingMergeTree(through) ORDER BY origin"), "{}", cluster[7]);
+        assert!(cluster[12].ends_with("ENGINE = Distributed(fleet, ember, builds_local, bucket)"), "{}", cluster[12]);
         assert!(statements("ember", Some("a,b")).is_err());
     }
 

@@ -1,11 +1,12 @@
 //! A selection as SQL: the text depends only on the number of selector terms, and the kind,
 //! the terms and any other string a request brings travel in external tables (`args`, one
 //! row; `terms`, one row per term), so no request can change what a statement does. Range
-//! bounds are integers the collector formats itself.
+//! bounds are integers the collector formats itself, and the roll-ups a selection reads
+//! travel in a third table (`parts`).
 use anyhow::{bail, Result};
 
-use super::{client::External, row_binary::Writer};
-use crate::store::Selection;
+use super::{client::External, plan::Part, row_binary::Writer};
+use crate::{buckets::LEVELS, store::Selection};
 
 /// Selector terms one query may carry.
 pub const MAX_TERMS: usize = 32;
@@ -14,15 +15,19 @@ pub const MAX_TERMS: usize = 32;
 pub struct Bound<'a> {
     /// Scalars for the statement's WITH: `the_kind`, `the_group`, and `k{i}`, `v{i}` per term.
     pub with: String,
-    /// Conditions on the samples table: kind, range, the copy each profile is read from, terms.
+    /// Conditions on the samples table: kind, range, the copy each profile is read from, terms,
+    /// and outside the roll-ups read.
     pub samples: String,
+    /// Conditions on the rollups table: kind, one of the roll-ups read, terms.
+    pub rollups: String,
     /// Conditions on the profiles table: kind and range.
     pub profiles: String,
     pub external: Vec<External<'a>>,
 }
 
-/// Binds `selection`, and `group` (a label name, or "" for none) as `the_group`.
-pub fn bind<'a>(database: &str, selection: &Selection, group: &str) -> Result<Bound<'a>> {
+/// Binds `selection`, read from the roll-ups `parts` and from the samples elsewhere, and
+/// `group` (a label name, or "" for none) as `the_group`.
+pub fn bind<'a>(database: &str, selection: &Selection, group: &str, parts: &[Part]) -> Result<Bound<'a>> {
     if selection.selector.len() > MAX_TERMS {
         bail!("a selector may have at most {MAX_TERMS} terms");
     }
@@ -38,23 +43,41 @@ pub fn bind<'a>(database: &str, selection: &Selection, group: &str) -> Result<Bo
         format!("kind = the_kind AND {range}"),
         format!("(origin, sequence, attempt) IN (SELECT origin, sequence, min(attempt) FROM {database}.profiles WHERE {profiles} GROUP BY origin, sequence)"),
     ];
+    let mut rollups = vec!["kind = the_kind".to_string()];
+    let mut read = Writer::default();
+    if parts.is_empty() {
+        rollups.push("0".into());
+    } else {
+        for part in parts {
+            read.u64(part.level).u64(part.bucket).u64(part.build);
+        }
+        rollups.push("(level, bucket, build) IN (SELECT level, bucket, build FROM parts)".into());
+        // A bucket read from its roll-ups is not read raw.
+        let covered: Vec<String> =
+            LEVELS.iter().map(|level| format!("(toUInt64({level}), intDiv(start_ns, {level}) * {level}) IN (SELECT level, bucket FROM parts)")).collect();
+        samples.push(format!("NOT ({})", covered.join(" OR ")));
+    }
     for (i, (key, value)) in selection.selector.iter().enumerate() {
         terms.u32(i as u32).str(key).str(value);
         with.push(format!("(SELECT key FROM terms WHERE n = {i}) AS k{i}"));
         with.push(format!("(SELECT value FROM terms WHERE n = {i}) AS v{i}"));
         // The profile's own label decides where it has the key; else its samples'.
-        samples.push(format!(
+        let term = format!(
             "multiIf(k{i} = 'agent', agent = v{i}, k{i} = 'host', host = v{i}, has(label_keys, k{i}), label_values[indexOf(label_keys, k{i})] = v{i}, \
 has(sample_keys, k{i}) AND sample_values[indexOf(sample_keys, k{i})] = v{i})"
-        ));
+        );
+        samples.push(term.clone());
+        rollups.push(term);
     }
     Ok(Bound {
         with: with.join(", "),
         samples: samples.join(" AND "),
+        rollups: rollups.join(" AND "),
         profiles,
         external: vec![
             External { name: "args", structure: "kind String, group_by String", rows: args },
             External { name: "terms", structure: "n UInt32, key String, value String", rows: terms },
+            External { name: "parts", structure: "level UInt64, bucket UInt64, build UInt64", rows: read },
         ],
     })
 }

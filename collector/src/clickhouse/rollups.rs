@@ -1,0 +1,85 @@
+//! Building roll-ups: once a minute, ten minutes or hour has ended and the delay for its last
+//! profiles has passed, its samples are summed per agent, kind, profile labels, sample labels
+//! and stack into the rollups table, by one INSERT ... SELECT that runs where the data is.
+//! Not by materialized views: a view sums every row inserted, and two collectors storing one
+//! profile at once insert two copies of it (see `ingest`), of which reads keep one. A build
+//! sums one copy of each profile, and then records how many profiles the bucket held when it
+//! began, which tells queries whether it holds them all (`plan`).
+//!
+//! Any collector builds what is due, so none is needed for it; two that build one bucket at
+//! once make two equal builds, and reads take one. Each level is built from the samples, so a
+//! build depends on no other being complete.
+use std::{collections::HashMap, time::Instant};
+
+use anyhow::Result;
+
+use super::{row_binary::Writer, unique_id, ClickHouse};
+use crate::buckets::{bucket, LEVELS};
+
+/// Buckets that ended longer ago than this are not built: a profile that arrives later than
+/// that after its bucket ended is read raw with its bucket's other profiles.
+const LOOKBACK: u64 = 24 * 3600 * 1_000_000_000;
+/// A round builds for this long at most; the next round goes on.
+const ROUND: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What a group of roll-up rows shares: one agent's profiles of one kind and labels.
+const GROUP: &str = "kind, origin, agent, host, label_keys, label_values";
+/// What a roll-up row sums over: the samples of one stack and sample labels.
+const SAMPLE: &str = "sample_keys, sample_values, sample_num_keys, sample_nums, stack";
+
+impl ClickHouse {
+    /// Builds the roll-ups of the buckets that ended `delay` before `now` (unix ns), within
+    /// LOOKBACK, and that no complete build covers; returns how many it built. A bucket is
+    /// built once it held as many profiles in two rounds in a row, so that a backlog (agents
+    /// resending their spools after an outage) lands before it is built, not after each push.
+    pub(super) fn roll_due(&self, now: u64, delay: u64) -> Result<usize> {
+        let Some(due) = now.checked_sub(delay) else { return Ok(0) };
+        let last_hour = LEVELS[LEVELS.len() - 1];
+        let from = bucket(last_hour, due.saturating_sub(LOOKBACK));
+        let coverage = self.coverage((from, due), None)?;
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut now_seen, started, mut built) = (HashMap::new(), Instant::now(), 0);
+        for level in LEVELS {
+            // `from` starts a bucket of every level: each divides the next.
+            for start in (from..due.saturating_sub(level).saturating_add(1)).step_by(level as usize) {
+                let stored = coverage.profiles(level, start);
+                if stored == 0 || coverage.complete(level, start).is_some() {
+                    continue;
+                }
+                now_seen.insert((level, start), stored);
+                if seen.get(&(level, start)) == Some(&stored) && started.elapsed() < ROUND {
+                    self.build(level, start, stored)?;
+                    built += 1;
+                }
+            }
+        }
+        *seen = now_seen;
+        Ok(built)
+    }
+
+    /// Builds one bucket's roll-ups, `stored` being the profiles it holds now: its rows first,
+    /// then the build's row, which makes them readable. A profile stored meanwhile may be in
+    /// the rows or not: either way the bucket holds more than `stored`, so this build is not
+    /// read, and a later one is made.
+    fn build(&self, level: u64, start: u64, stored: u64) -> Result<()> {
+        let db = &self.database;
+        let build = unique_id();
+        let range = format!("start_ns >= {start} AND start_ns < {}", start + level);
+        self.client.query(
+            &format!(
+                "INSERT INTO {db}.rollups (day, level, bucket, build, start_ns, end_ns, {GROUP}, profiles, {SAMPLE}, values) \
+SELECT day, {level}, {start}, {build}, first_ns, last_ns, {GROUP}, profiles, {SAMPLE}, summed FROM \
+(SELECT any(day) AS day, {GROUP}, {SAMPLE}, sumForEach(values) AS summed FROM {db}.samples WHERE {range} \
+AND (origin, sequence, attempt) IN (SELECT origin, sequence, min(attempt) FROM {db}.profiles WHERE {range} GROUP BY origin, sequence) \
+GROUP BY {GROUP}, {SAMPLE}) AS per_sample \
+ANY LEFT JOIN (SELECT {GROUP}, uniqExact(sequence) AS profiles, min(start_ns) AS first_ns, max(end_ns) AS last_ns FROM {db}.profiles \
+WHERE {range} GROUP BY {GROUP}) AS per_group USING ({GROUP})"
+            ),
+            &[],
+            None,
+        )?;
+        let mut row = Writer::default();
+        row.date(start).u64(level).u64(start).u64(build).u64(stored);
+        self.client.insert(&format!("INSERT INTO {db}.builds"), row)
+    }
+}
