@@ -5,8 +5,8 @@
 //! to decode instead of 3600.
 use anyhow::Result;
 
-/// Bucket lengths in unix ns, smallest first. Each divides the next, so a bucket's roll-up is
-/// built from the roll-ups of the level below.
+/// Bucket lengths in unix ns, smallest first. Each divides the next, so the embedded store
+/// builds a bucket's roll-up from the roll-ups of the level below.
 pub const LEVELS: [u64; 3] = [60 * SECOND, 600 * SECOND, 3600 * SECOND];
 
 const SECOND: u64 = 1_000_000_000;

@@ -95,9 +95,8 @@ pub fn decoded(stored: &StoredProfile, sample_terms: &[(&str, &str)]) -> Result<
 
 /// Hands `visit` each profile of [from, to) that matches, decoded (see `decoded`), or the
 /// roll-up that holds it; returns how many raw profiles that was, and how many of them came
-/// in roll-ups. Decoding (inflating,
-/// parsing) runs on a thread of its own, a few profiles ahead of `visit`, so that a large
-/// query uses two cores.
+/// in roll-ups. Decoding (inflating, parsing) runs on a thread of its own, a few profiles
+/// ahead of `visit`, so that a large query uses two cores.
 pub fn visit_matching(
     store: &EmbeddedStore,
     kind: &str,
@@ -123,8 +122,7 @@ pub fn visit_matching(
         let mut count = Merged::default();
         for item in receiver {
             let (stored, profile) = item?;
-            let rolled_up = if stored.merged > 0 { stored.merged as usize } else { 0 };
-            count.add(Merged { profiles: stored.profiles() as usize, rolled_up });
+            count.add(Merged { profiles: stored.profiles() as usize, rolled_up: stored.merged as usize });
             visit(&stored, profile)?;
         }
         Ok(count)

@@ -346,7 +346,9 @@ fn heap_in_use_is_each_agents_average_and_growth_shows_between_two_times(store: 
 
     let dir = TempDir::new("heap-in-use");
     let (address, http, data) = (free_address(), free_address(), store(&dir));
-    let collector = CollectorProcess::start_with_http(address, http, &data, &["--rollup-delay-seconds", "86400"]);
+    // Minutes are rolled up as soon as they end: the answers hold from the profiles and from
+    // their roll-ups alike.
+    let collector = CollectorProcess::start_with_http(address, http, &data, &["--rollup-delay-seconds", "0"]);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
     const NS: i64 = 1_000_000_000;
@@ -393,6 +395,19 @@ fn heap_in_use_is_each_agents_average_and_growth_shows_between_two_times(store: 
     assert_eq!((before, after), (100, 300));
     let (status, diff) = http_get(http, &format!("/diff?kind=heap&base_from={}&base_to={}&from={}&to={}", now - 305, now - 295, now - 285, now - 275));
     assert!(status == 200 && String::from_utf8_lossy(&diff).contains("leak"), "diff: {status}");
+    // Once every minute is rolled up, the average per agent is the same.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) = http_get(http, &format!("/api/tree?kind=heap&from={}&to={now}", now - 400));
+        let tree: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!((status, tree["profiles"].as_u64()), (200, Some(4)), "{tree}");
+        if tree["rolled_up"] == 4 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not all rolled up after 60 s: {tree}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(in_use(now - 400, now), 200 + 1000, "through roll-ups");
     collector.stop();
 }
 
@@ -536,6 +551,9 @@ fn the_collector_rolls_up_what_it_stored_and_answers_as_from_the_profiles(store:
     let collector = CollectorProcess::start_with_http(address, http, &data, &[]);
     let answer = tree("");
     assert_eq!((answer["rolled_up"].as_u64(), answer["profiles"].as_u64()), (Some(241), Some(241)));
+    if embedded {
+        assert_eq!(answer["records"], 4);
+    }
     assert_eq!(totals(""), 2 * expected(0..120, None) + 102);
     collector.stop();
 }

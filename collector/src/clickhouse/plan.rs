@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::Result;
 
-use super::{row_binary::Reader, ClickHouse};
+use super::{row_binary::Reader, select::starts_in, ClickHouse};
 use crate::buckets::{self, Segment, LEVELS};
 
 /// Profiles are counted per bucket of the smallest level; the larger ones add them up.
@@ -37,7 +37,8 @@ impl Coverage {
         self.profiles.range(bucket..bucket.saturating_add(level)).map(|(_, n)| n).sum()
     }
 
-    /// The first build of a bucket that holds every profile stored in it now, if any.
+    /// The build of a bucket that holds every profile stored in it now (of several, the one
+    /// with the smallest id, as every collector picks), if any.
     pub fn complete(&self, level: u64, bucket: u64) -> Option<u64> {
         let stored = self.profiles(level, bucket);
         let builds = self.builds.get(&(level, bucket))?;
@@ -53,7 +54,8 @@ impl ClickHouse {
         let counted = self.client.query(
             &format!(
                 "SELECT intDiv(start_ns, {SMALLEST}) * {SMALLEST} AS bucket, uniqExact(origin, sequence) FROM {db}.profiles \
-WHERE start_ns >= {from} AND start_ns < {to} GROUP BY bucket FORMAT RowBinary"
+WHERE {} GROUP BY bucket FORMAT RowBinary",
+                starts_in(from, to)
             ),
             &[],
             deadline,
@@ -110,7 +112,7 @@ mod tests {
                 ((LEVELS[1], 0), vec![(4, 13)]),
             ]),
         };
-        assert_eq!(coverage.complete(minute, 0), Some(8), "the first of those that hold all six");
+        assert_eq!(coverage.complete(minute, 0), Some(8), "the smallest id of those that hold all six");
         assert_eq!(coverage.complete(minute, minute), None, "a profile arrived after the build began");
         assert_eq!(coverage.profiles(LEVELS[1], 0), 13);
         assert_eq!(coverage.complete(LEVELS[1], 0), Some(4));

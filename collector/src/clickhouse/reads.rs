@@ -26,48 +26,58 @@ impl ClickHouse {
         let parts = self.plan(selection.range, deadline)?;
         let bound = bind(db, selection, "", &parts)?;
         let (with, raw, rolled) = (&bound.with, &bound.samples, &bound.rollups);
-        // Held values are averaged over each source's profiles (see ember_pprof::kind_holds):
-        // they are counted, and the samples summed, per source. A roll-up row says how many
-        // profiles its group holds.
-        let source = if ember_pprof::kind_holds(selection.kind) { "origin" } else { "''" };
-        let answer = self.client.query(
-            &format!(
+        // The profiles merged (those with a sample selected), and how many came from roll-ups:
+        // a roll-up row says how many profiles its group (see `rollups`) holds.
+        let counted = |source: &str, [raw_profiles, rolled_groups]: [&str; 2], table: &str| {
+            format!(
                 "SELECT * FROM (WITH {with} SELECT {source} AS source, toUInt64(0) AS rolled, uniqExact(origin, sequence) AS n, min(start_ns) AS first_ns, \
-max(end_ns) AS last_ns FROM {db}.samples WHERE {raw} GROUP BY source \
+max(end_ns) AS last_ns FROM {db}.{table} WHERE {raw_profiles} GROUP BY source \
 UNION ALL SELECT source, toUInt64(1) AS rolled, sum(group_profiles) AS n, min(group_first) AS first_ns, max(group_last) AS last_ns FROM \
 (WITH {with} SELECT {source} AS source, any(profiles) AS group_profiles, min(start_ns) AS group_first, max(end_ns) AS group_last \
-FROM {db}.rollups WHERE {rolled} GROUP BY source, level, bucket, kind, origin, label_keys, label_values) GROUP BY source) FORMAT RowBinary"
-            ),
-            &bound.external,
-            deadline,
-        )?;
-        let (mut profiles_of, mut count, mut start, mut end) = (HashMap::new(), Merged::default(), u64::MAX, 0);
+FROM {db}.rollups WHERE {rolled_groups} GROUP BY source, level, bucket, kind, origin, agent, host, label_keys, label_values) GROUP BY source) \
+FORMAT RowBinary"
+            )
+        };
+        let answer = self.client.query(&counted("''", [raw, rolled], "samples"), &bound.external, deadline)?;
+        let (mut count, mut start, mut end) = (Merged::default(), u64::MAX, 0);
         let mut r = Reader(&answer);
         while !r.is_empty() {
-            let (source, rolled, profiles, first, last) = (r.str()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
-            let profiles = profiles as usize;
+            let (_, rolled, profiles, first, last) = (r.str()?, r.u64()?, r.u64()? as usize, r.u64()?, r.u64()?);
             count.add(Merged { profiles, rolled_up: if rolled == 1 { profiles } else { 0 } });
             (start, end) = (start.min(first), end.max(last));
-            *profiles_of.entry(source).or_default() += profiles;
         }
         if count.profiles == 0 {
             return Ok(None);
         }
+        // Held values are averaged over each source's profiles (see ember_pprof::kind_holds),
+        // whether a sample of them is selected or not: they are counted, and the samples
+        // summed, per source.
+        let holds = ember_pprof::kind_holds(selection.kind);
+        let source = if holds { "origin" } else { "''" };
+        let mut profiles_of = HashMap::new();
+        if holds {
+            let [whole_raw, whole_rolled] = &bound.whole_profiles;
+            let answer = self.client.query(&counted(source, [whole_raw, whole_rolled], "profiles"), &bound.external, deadline)?;
+            let mut r = Reader(&answer);
+            while !r.is_empty() {
+                let (source, _, profiles, _, _) = (r.str()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+                *profiles_of.entry(source).or_insert(0) += profiles;
+            }
+        }
         let mut builder = Builder::default();
         self.describe(&mut builder, &bound, deadline)?;
-        let per_table = |table: &str, filter: &str| {
+        let per_table = |table: &str, floats: &str, filter: &str| {
             format!(
                 "WITH {with} SELECT {source} AS source, stack, sample_keys, sample_values, sample_num_keys, sample_nums, sumForEach(values) AS summed, \
-sumForEach(arrayMap(x -> toFloat64(x), values)) AS floats FROM {db}.{table} WHERE {filter} \
-GROUP BY source, stack, sample_keys, sample_values, sample_num_keys, sample_nums"
+sumForEach({floats}) AS floats FROM {db}.{table} WHERE {filter} GROUP BY source, stack, sample_keys, sample_values, sample_num_keys, sample_nums"
             )
         };
         let rows = self.client.query(
             &format!(
                 "SELECT source, stack, sample_keys, sample_values, sample_num_keys, sample_nums, sumForEach(summed), sumForEach(floats) FROM \
 ({} UNION ALL {}) GROUP BY source, stack, sample_keys, sample_values, sample_num_keys, sample_nums FORMAT RowBinary",
-                per_table("samples", raw),
-                per_table("rollups", rolled)
+                per_table("samples", "arrayMap(x -> toFloat64(x), values)", raw),
+                per_table("rollups", "value_sums", rolled)
             ),
             &bound.external,
             deadline,
@@ -81,7 +91,8 @@ GROUP BY source, stack, sample_keys, sample_values, sample_num_keys, sample_nums
             let stack = r.u64()?;
             let labels = SampleLabels { keys: r.strs()?, values: r.strs()?, num_keys: r.strs()?, nums: r.i64s()? };
             let values = r.i64s()?;
-            // ClickHouse sums Int64 with wrap-around: the same sums in floating point tell.
+            // ClickHouse sums Int64 with wrap-around: the same sums in floating point tell (kept
+            // beside a roll-up's sums, which may have wrapped when it was built).
             for _ in 0..r.length()? {
                 ensure!(r.f64()?.abs() < i64::MAX as f64, "sample values overflow when merged");
             }

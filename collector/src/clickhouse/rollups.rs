@@ -13,7 +13,7 @@ use std::{collections::HashMap, time::Instant};
 
 use anyhow::Result;
 
-use super::{row_binary::Writer, unique_id, ClickHouse};
+use super::{row_binary::Writer, select::starts_in, unique_id, ClickHouse};
 use crate::buckets::{bucket, LEVELS};
 
 /// Buckets that ended longer ago than this are not built: a profile that arrives later than
@@ -25,7 +25,7 @@ const ROUND: std::time::Duration = std::time::Duration::from_secs(5);
 /// What a group of roll-up rows shares: one agent's profiles of one kind and labels.
 const GROUP: &str = "kind, origin, agent, host, label_keys, label_values";
 /// What a roll-up row sums over: the samples of one stack and sample labels.
-const SAMPLE: &str = "sample_keys, sample_values, sample_num_keys, sample_nums, stack";
+const SUMMED_BY: &str = "sample_keys, sample_values, sample_num_keys, sample_nums, stack";
 
 impl ClickHouse {
     /// Builds the roll-ups of the buckets that ended `delay` before `now` (unix ns), within
@@ -39,7 +39,8 @@ impl ClickHouse {
         let coverage = self.coverage((from, due), None)?;
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         let (mut now_seen, started, mut built) = (HashMap::new(), Instant::now(), 0);
-        for level in LEVELS {
+        // The largest first: after an outage, they answer the most with the fewest builds.
+        for &level in LEVELS.iter().rev() {
             // `from` starts a bucket of every level: each divides the next.
             for start in (from..due.saturating_sub(level).saturating_add(1)).step_by(level as usize) {
                 let stored = coverage.profiles(level, start);
@@ -47,9 +48,13 @@ impl ClickHouse {
                     continue;
                 }
                 now_seen.insert((level, start), stored);
-                if seen.get(&(level, start)) == Some(&stored) && started.elapsed() < ROUND {
-                    self.build(level, start, stored)?;
-                    built += 1;
+                if seen.get(&(level, start)) != Some(&stored) || started.elapsed() >= ROUND {
+                    continue;
+                }
+                // A bucket that fails is tried again next round; the others go on.
+                match self.build(level, start, stored) {
+                    Ok(()) => built += 1,
+                    Err(e) => tracing::warn!(level_seconds = level / 1_000_000_000, bucket = start, "rolling up a bucket failed: {e:#}"),
                 }
             }
         }
@@ -64,14 +69,15 @@ impl ClickHouse {
     fn build(&self, level: u64, start: u64, stored: u64) -> Result<()> {
         let db = &self.database;
         let build = unique_id();
-        let range = format!("start_ns >= {start} AND start_ns < {}", start + level);
+        let range = starts_in(start, start + level);
         self.client.query(
             &format!(
-                "INSERT INTO {db}.rollups (day, level, bucket, build, start_ns, end_ns, {GROUP}, profiles, {SAMPLE}, values) \
-SELECT day, {level}, {start}, {build}, first_ns, last_ns, {GROUP}, profiles, {SAMPLE}, summed FROM \
-(SELECT any(day) AS day, {GROUP}, {SAMPLE}, sumForEach(values) AS summed FROM {db}.samples WHERE {range} \
+                "INSERT INTO {db}.rollups (day, level, bucket, build, start_ns, end_ns, {GROUP}, profiles, {SUMMED_BY}, values, value_sums) \
+SELECT bucket_day, {level}, {start}, {build}, first_ns, last_ns, {GROUP}, profiles, {SUMMED_BY}, summed, floats FROM \
+(SELECT any(day) AS bucket_day, {GROUP}, {SUMMED_BY}, sumForEach(values) AS summed, sumForEach(arrayMap(x -> toFloat64(x), values)) AS floats \
+FROM {db}.samples WHERE {range} \
 AND (origin, sequence, attempt) IN (SELECT origin, sequence, min(attempt) FROM {db}.profiles WHERE {range} GROUP BY origin, sequence) \
-GROUP BY {GROUP}, {SAMPLE}) AS per_sample \
+GROUP BY {GROUP}, {SUMMED_BY}) AS per_sample \
 ANY LEFT JOIN (SELECT {GROUP}, uniqExact(sequence) AS profiles, min(start_ns) AS first_ns, max(end_ns) AS last_ns FROM {db}.profiles \
 WHERE {range} GROUP BY {GROUP}) AS per_group USING ({GROUP})"
             ),

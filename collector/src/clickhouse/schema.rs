@@ -56,7 +56,8 @@ addresses Array(UInt64), locations Array(UInt64)",
     ("watermarks", "", "ReplacingMergeTree(through) ORDER BY origin", "cityHash64(origin)"),
     // A bucket's samples summed per agent, kind, labels and stack, by one build (see
     // `rollups`): `profiles` is how many profiles the row's group (agent, kind, profile
-    // labels) holds, `start_ns` and `end_ns` when they start and end. Sharded as the samples
+    // labels) holds, `start_ns` and `end_ns` the first start and last end among them,
+    // `value_sums` the sums in floating point (an Int64 sum wraps). Sharded as the samples
     // they sum.
     ("rollups", SAMPLE, "MergeTree PARTITION BY day ORDER BY (level, kind, bucket, stack)", "cityHash64(origin)"),
     // One row per build of a bucket's roll-ups, written after them: how many profiles the
@@ -70,7 +71,7 @@ fn leading(table: &str) -> String {
         "profiles" | "samples" => format!("{PROFILE_KEY}, "),
         "stacks" => "day Date, stack UInt64, ".to_string(),
         "rollups" => "day Date, level UInt64, bucket UInt64, build UInt64, start_ns UInt64, end_ns UInt64, kind String, origin String, \
-agent String, host String, label_keys Array(String), label_values Array(String), profiles UInt64, "
+agent String, host String, label_keys Array(String), label_values Array(String), profiles UInt64, value_sums Array(Float64), "
             .to_string(),
         "builds" => "day Date, level UInt64, bucket UInt64, build UInt64, ".to_string(),
         _ => "origin String, through UInt64".to_string(),

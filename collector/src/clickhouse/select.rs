@@ -22,7 +22,19 @@ pub struct Bound<'a> {
     pub rollups: String,
     /// Conditions on the profiles table: kind and range.
     pub profiles: String,
+    /// The profiles' and roll-ups' conditions of the parts read, with the terms that profile
+    /// labels answer alone (a term on sample labels holds for every profile): the profiles a
+    /// held value is averaged over.
+    pub whole_profiles: [String; 2],
     pub external: Vec<External<'a>>,
+}
+
+/// Rows of a table partitioned by day whose profile starts in [from, to) (unix ns): the days
+/// first, which spare ClickHouse the other days' partitions.
+pub fn starts_in(from: u64, to: u64) -> String {
+    const DAY: u64 = 86_400_000_000_000;
+    let day = |ns: u64| (ns / DAY).min(u16::MAX.into());
+    format!("day >= toDate(toUInt16({})) AND day <= toDate(toUInt16({})) AND start_ns >= {from} AND start_ns < {to}", day(from), day(to.saturating_sub(1)))
 }
 
 /// Binds `selection`, read from the roll-ups `parts` and from the samples elsewhere, and
@@ -36,13 +48,14 @@ pub fn bind<'a>(database: &str, selection: &Selection, group: &str, parts: &[Par
     args.str(selection.kind).str(group);
     let mut terms = Writer::default();
     let mut with = vec!["(SELECT kind FROM args) AS the_kind".to_string(), "(SELECT group_by FROM args) AS the_group".to_string()];
-    let range = format!("start_ns >= {from} AND start_ns < {to}");
+    let range = starts_in(from, to);
     let profiles = format!("kind = (SELECT kind FROM args) AND {range}");
     // Each (origin, sequence) is read from one copy: the smallest attempt stored.
     let mut samples = vec![
         format!("kind = the_kind AND {range}"),
         format!("(origin, sequence, attempt) IN (SELECT origin, sequence, min(attempt) FROM {database}.profiles WHERE {profiles} GROUP BY origin, sequence)"),
     ];
+    let mut whole = vec![format!("kind = the_kind AND {range}")];
     let mut rollups = vec!["kind = the_kind".to_string()];
     let mut read = Writer::default();
     if parts.is_empty() {
@@ -56,24 +69,29 @@ pub fn bind<'a>(database: &str, selection: &Selection, group: &str, parts: &[Par
         let covered: Vec<String> =
             LEVELS.iter().map(|level| format!("(toUInt64({level}), intDiv(start_ns, {level}) * {level}) IN (SELECT level, bucket FROM parts)")).collect();
         samples.push(format!("NOT ({})", covered.join(" OR ")));
+        whole.push(format!("NOT ({})", covered.join(" OR ")));
     }
+    let mut whole_rollups = rollups.clone();
     for (i, (key, value)) in selection.selector.iter().enumerate() {
         terms.u32(i as u32).str(key).str(value);
         with.push(format!("(SELECT key FROM terms WHERE n = {i}) AS k{i}"));
         with.push(format!("(SELECT value FROM terms WHERE n = {i}) AS v{i}"));
         // The profile's own label decides where it has the key; else its samples'.
-        let term = format!(
-            "multiIf(k{i} = 'agent', agent = v{i}, k{i} = 'host', host = v{i}, has(label_keys, k{i}), label_values[indexOf(label_keys, k{i})] = v{i}, \
-has(sample_keys, k{i}) AND sample_values[indexOf(sample_keys, k{i})] = v{i})"
-        );
-        samples.push(term.clone());
-        rollups.push(term);
+        let term = |samples: &str| {
+            format!("multiIf(k{i} = 'agent', agent = v{i}, k{i} = 'host', host = v{i}, has(label_keys, k{i}), label_values[indexOf(label_keys, k{i})] = v{i}, {samples})")
+        };
+        let sample_term = term(&format!("has(sample_keys, k{i}) AND sample_values[indexOf(sample_keys, k{i})] = v{i}"));
+        samples.push(sample_term.clone());
+        rollups.push(sample_term);
+        whole.push(term("1"));
+        whole_rollups.push(term("1"));
     }
     Ok(Bound {
         with: with.join(", "),
         samples: samples.join(" AND "),
         rollups: rollups.join(" AND "),
         profiles,
+        whole_profiles: [whole.join(" AND "), whole_rollups.join(" AND ")],
         external: vec![
             External { name: "args", structure: "kind String, group_by String", rows: args },
             External { name: "terms", structure: "n UInt32, key String, value String", rows: terms },
