@@ -120,9 +120,9 @@ sumForEach({floats}) AS floats FROM {db}.{table} WHERE {filter} GROUP BY source,
     fn describe(&self, builder: &mut Builder, bound: &Bound, deadline: Option<Instant>) -> Result<()> {
         let answer = self.client.query(
             &format!(
-                "SELECT sample_types, sample_units, any(period_type), any(period_unit), any(period) FROM {}.profiles WHERE {} \
+                "WITH {} SELECT sample_types, sample_units, any(period_type), any(period_unit), any(period) FROM {}.profiles WHERE {} \
 GROUP BY sample_types, sample_units LIMIT 2 FORMAT RowBinary",
-                self.database, bound.profiles
+                bound.with, self.database, bound.selected
             ),
             &bound.external,
             deadline,
@@ -208,10 +208,11 @@ FORMAT RowBinary"
     fn value_type(&self, bound: &Bound, value: usize, deadline: Option<Instant>) -> Result<(String, bool)> {
         let answer = self.client.query(
             &format!(
-                "SELECT any(sample_units[{0}]), any(sample_types[{0}]) FROM {1}.profiles WHERE {2} FORMAT RowBinary",
+                "WITH {3} SELECT any(sample_units[{0}]), any(sample_types[{0}]) FROM {1}.profiles WHERE {2} FORMAT RowBinary",
                 value + 1,
                 self.database,
-                bound.profiles
+                bound.selected,
+                bound.with
             ),
             &bound.external,
             deadline,

@@ -22,9 +22,12 @@ pub struct Bound<'a> {
     pub rollups: String,
     /// Conditions on the profiles table: kind and range.
     pub profiles: String,
-    /// The profiles' and roll-ups' conditions of the parts read, with the terms that profile
-    /// labels answer alone (a term on sample labels holds for every profile): the profiles a
-    /// held value is averaged over.
+    /// The same, and the terms that profile labels answer alone (a term on sample labels
+    /// holds for every profile): the profiles the selection may read from.
+    pub selected: String,
+    /// Conditions on the profiles of the range outside the roll-ups read, and on the roll-ups
+    /// read, with the terms that profile labels answer alone: the profiles a held value is
+    /// averaged over.
     pub whole_profiles: [String; 2],
     pub external: Vec<External<'a>>,
 }
@@ -71,7 +74,7 @@ pub fn bind<'a>(database: &str, selection: &Selection, group: &str, parts: &[Par
         samples.push(format!("NOT ({})", covered.join(" OR ")));
         whole.push(format!("NOT ({})", covered.join(" OR ")));
     }
-    let mut whole_rollups = rollups.clone();
+    let (mut whole_rollups, mut selected) = (rollups.clone(), vec![profiles.clone()]);
     for (i, (key, value)) in selection.selector.iter().enumerate() {
         terms.u32(i as u32).str(key).str(value);
         with.push(format!("(SELECT key FROM terms WHERE n = {i}) AS k{i}"));
@@ -83,14 +86,16 @@ pub fn bind<'a>(database: &str, selection: &Selection, group: &str, parts: &[Par
         let sample_term = term(&format!("has(sample_keys, k{i}) AND sample_values[indexOf(sample_keys, k{i})] = v{i}"));
         samples.push(sample_term.clone());
         rollups.push(sample_term);
-        whole.push(term("1"));
-        whole_rollups.push(term("1"));
+        for conditions in [&mut whole, &mut whole_rollups, &mut selected] {
+            conditions.push(term("1"));
+        }
     }
     Ok(Bound {
         with: with.join(", "),
         samples: samples.join(" AND "),
         rollups: rollups.join(" AND "),
         profiles,
+        selected: selected.join(" AND "),
         whole_profiles: [whole.join(" AND "), whole_rollups.join(" AND ")],
         external: vec![
             External { name: "args", structure: "kind String, group_by String", rows: args },
