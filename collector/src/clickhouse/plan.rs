@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::Result;
 
-use super::{row_binary::Reader, select::starts_in, ClickHouse};
+use super::{row_binary::Reader, schema::starts_in, ClickHouse};
 use crate::buckets::{self, Segment, LEVELS};
 
 /// Profiles are counted per bucket of the smallest level; the larger ones add them up.

@@ -13,7 +13,7 @@ use std::{collections::HashMap, time::Instant};
 
 use anyhow::Result;
 
-use super::{row_binary::Writer, select::starts_in, unique_id, ClickHouse};
+use super::{row_binary::Writer, schema::starts_in, unique_id, ClickHouse};
 use crate::buckets::{bucket, LEVELS};
 
 /// Buckets that ended longer ago than this are not built: a profile that arrives later than

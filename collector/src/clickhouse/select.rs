@@ -5,7 +5,7 @@
 //! travel in a third table (`parts`).
 use anyhow::{bail, Result};
 
-use super::{client::External, plan::Part, row_binary::Writer};
+use super::{client::External, plan::Part, row_binary::Writer, schema::starts_in};
 use crate::{buckets::LEVELS, store::Selection};
 
 /// Selector terms one query may carry.
@@ -32,13 +32,6 @@ pub struct Bound<'a> {
     pub external: Vec<External<'a>>,
 }
 
-/// Rows of a table partitioned by day whose profile starts in [from, to) (unix ns): the days
-/// first, which spare ClickHouse the other days' partitions.
-pub fn starts_in(from: u64, to: u64) -> String {
-    const DAY: u64 = 86_400_000_000_000;
-    let day = |ns: u64| (ns / DAY).min(u16::MAX.into());
-    format!("day >= toDate(toUInt16({})) AND day <= toDate(toUInt16({})) AND start_ns >= {from} AND start_ns < {to}", day(from), day(to.saturating_sub(1)))
-}
 
 /// Binds `selection`, read from the roll-ups `parts` and from the samples elsewhere, and
 /// `group` (a label name, or "" for none) as `the_group`.
