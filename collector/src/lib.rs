@@ -36,7 +36,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use ember_proto::security::{self, ClientSecurity, ServerSecurity};
 
-use crate::{clickhouse::Connection, request::QueryLimits, server::ServeSettings, store_choice::StoreChoice};
+use crate::{clickhouse::{Cluster, Connection}, request::QueryLimits, server::ServeSettings, store_choice::StoreChoice};
 
 #[derive(Parser)]
 #[command(name = "ember-collector", version, about = "Ember's collector: receive, store and query profiles")]
@@ -161,6 +161,9 @@ enum ClickhouseCommand {
         /// Local tables on every server of this cluster, and Distributed tables over them.
         #[arg(long)]
         cluster: Option<String>,
+        /// The cluster's shards are sets of replicas: replicated local tables.
+        #[arg(long, requires = "cluster")]
+        replicated: bool,
     },
 }
 
@@ -181,6 +184,10 @@ struct StoreArgs {
     /// read and written through Distributed tables.
     #[arg(long)]
     clickhouse_cluster: Option<String>,
+    /// The cluster's shards are sets of replicas: the local tables are Replicated*MergeTree,
+    /// kept in step through the servers' ZooKeeper (their `macros` name shard and replica).
+    #[arg(long, requires = "clickhouse_cluster")]
+    clickhouse_replicated: bool,
     /// The ClickHouse user.
     #[arg(long, default_value = "default")]
     clickhouse_user: String,
@@ -198,7 +205,8 @@ impl StoreArgs {
             None => std::env::var("EMBER_CLICKHOUSE_PASSWORD").unwrap_or_default(),
         };
         let connection = Connection { url, user: self.clickhouse_user, password };
-        Ok(StoreChoice::ClickHouse { connection, database: self.clickhouse_database, cluster: self.clickhouse_cluster })
+        let cluster = self.clickhouse_cluster.map(|name| Cluster { name, replicated: self.clickhouse_replicated });
+        Ok(StoreChoice::ClickHouse { connection, database: self.clickhouse_database, cluster })
     }
 }
 
@@ -245,10 +253,13 @@ pub fn main() -> ExitCode {
                 Err(error) => Err(error),
             }
         }
-        Command::Clickhouse { command: ClickhouseCommand::Schema { database, cluster } } => clickhouse::statements(&database, cluster.as_deref()).and_then(|statements| {
-            let mut out = std::io::stdout().lock();
-            statements.iter().try_for_each(|statement| writeln!(out, "{statement};\n")).map_err(Into::into)
-        }),
+        Command::Clickhouse { command: ClickhouseCommand::Schema { database, cluster, replicated } } => {
+            let cluster = cluster.map(|name| Cluster { name, replicated });
+            clickhouse::statements(&database, cluster.as_ref()).and_then(|statements| {
+                let mut out = std::io::stdout().lock();
+                statements.iter().try_for_each(|statement| writeln!(out, "{statement};\n")).map_err(Into::into)
+            })
+        }
         Command::List { store } => store.choice().and_then(offline::list),
         Command::Query { store, kind, selector, from, to, format, output } => {
             store.choice().and_then(|store| offline::run_query(store, kind, selector, from, to, format, output))

@@ -28,7 +28,7 @@ pub fn list(store: StoreChoice) -> Result<()> {
         StoreChoice::ClickHouse { connection, database, cluster } => {
             let runtime = runtime()?;
             let _entered = runtime.enter();
-            let count = ClickHouse::open(&connection, &database, cluster.as_deref())?.list(&mut |agent, sequence, kind, start, samples| {
+            let count = ClickHouse::open(&connection, &database, cluster.as_ref())?.list(&mut |agent, sequence, kind, start, samples| {
                 println!("{agent} {sequence} {kind} {start} {samples}");
             })?;
             eprintln!("{count} profiles");

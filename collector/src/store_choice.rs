@@ -5,7 +5,7 @@ use std::{path::PathBuf, sync::Arc};
 use anyhow::Result;
 
 use crate::{
-    clickhouse::{ClickHouse, Connection},
+    clickhouse::{ClickHouse, Cluster, Connection},
     embedded::EmbeddedStore,
     embedded_store::Embedded,
     store::ProfileStore,
@@ -13,7 +13,7 @@ use crate::{
 
 pub enum StoreChoice {
     Embedded(PathBuf),
-    ClickHouse { connection: Connection, database: String, cluster: Option<String> },
+    ClickHouse { connection: Connection, database: String, cluster: Option<Cluster> },
 }
 
 impl StoreChoice {
@@ -22,7 +22,7 @@ impl StoreChoice {
     pub fn open(&self) -> Result<Arc<dyn ProfileStore>> {
         Ok(match self {
             StoreChoice::Embedded(dir) => Arc::new(Embedded::new(EmbeddedStore::open(dir)?)),
-            StoreChoice::ClickHouse { connection, database, cluster } => Arc::new(ClickHouse::open(connection, database, cluster.as_deref())?),
+            StoreChoice::ClickHouse { connection, database, cluster } => Arc::new(ClickHouse::open(connection, database, cluster.as_ref())?),
         })
     }
 
@@ -31,7 +31,11 @@ impl StoreChoice {
         match self {
             StoreChoice::Embedded(dir) => format!("embedded store in {}", dir.display()),
             StoreChoice::ClickHouse { connection, database, cluster } => {
-                let on = cluster.as_ref().map(|c| format!(", Distributed over cluster {c}")).unwrap_or_default();
+                let on = match cluster {
+                    Some(Cluster { name, replicated: true }) => format!(", Distributed over cluster {name}, replicated"),
+                    Some(Cluster { name, replicated: false }) => format!(", Distributed over cluster {name}"),
+                    None => String::new(),
+                };
                 format!("ClickHouse at {}, database {database}{on}", connection.url)
             }
         }

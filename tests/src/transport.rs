@@ -35,8 +35,8 @@ pub fn free_address() -> SocketAddr {
 pub enum TestStore {
     Embedded(PathBuf),
     /// `cluster`: the server is one of this cluster's, whose tables the collector reads and
-    /// writes as Distributed ones.
-    ClickHouse { server: ClickHouseServer, database: String, cluster: Option<String> },
+    /// writes as Distributed ones (over replicated tables where `replicated`).
+    ClickHouse { server: ClickHouseServer, database: String, cluster: Option<String>, replicated: bool },
 }
 
 impl TestStore {
@@ -47,21 +47,24 @@ impl TestStore {
 
     /// A ClickHouse server of its own (Debian's), under `dir`/clickhouse.
     pub fn clickhouse(dir: &TempDir) -> TestStore {
-        TestStore::ClickHouse { server: ClickHouseServer::start(&dir.path("clickhouse")), database: "ember_test".into(), cluster: None }
+        TestStore::ClickHouse { server: ClickHouseServer::start(&dir.path("clickhouse")), database: "ember_test".into(), cluster: None, replicated: false }
     }
 
     /// Today's ClickHouse engine (chdb), under `dir`/clickhouse.
     pub fn current_clickhouse(dir: &TempDir) -> TestStore {
-        TestStore::ClickHouse { server: ClickHouseServer::current(&dir.path("clickhouse")), database: "ember_test".into(), cluster: None }
+        TestStore::ClickHouse { server: ClickHouseServer::current(&dir.path("clickhouse")), database: "ember_test".into(), cluster: None, replicated: false }
     }
 
     /// The collector's arguments that choose this store (serve, list and query take them).
     pub fn args(&self) -> Vec<String> {
         match self {
             TestStore::Embedded(data) => vec!["--data-dir".into(), data.display().to_string()],
-            TestStore::ClickHouse { server, database, cluster } => {
+            TestStore::ClickHouse { server, database, cluster, replicated } => {
                 let mut args = vec!["--clickhouse".into(), server.url(), "--clickhouse-database".into(), database.clone()];
                 args.extend(cluster.iter().flat_map(|name| ["--clickhouse-cluster".to_string(), name.clone()]));
+                if *replicated {
+                    args.push("--clickhouse-replicated".into());
+                }
                 args
             }
         }

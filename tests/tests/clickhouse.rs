@@ -2,7 +2,8 @@
 //! every store in transport.rs and ui.rs, today's ClickHouse engine among them): collectors sharing one ClickHouse store each profile
 //! once even when both take it at the same moment; retention drops whole days; selectors that
 //! try to reach the SQL are data, never SQL; and ClickHouse going away loses and doubles
-//! nothing. Each test starts its own clickhouse-server on loopback.
+//! nothing; a shard's replicas answer for each other. Each test starts its own
+//! clickhouse-server on loopback (and ZooKeeper, for replicas).
 use std::{
     collections::HashMap,
     net::SocketAddr,
@@ -12,7 +13,7 @@ use std::{
 
 use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest, PushResponse};
 use ember_tests::{
-    clickhouse::ClickHouseServer,
+    clickhouse::{ClickHouseServer, ZooKeeper},
     folded_total, http_get, one_sample_pprof_gzip, require_root,
     transport::{free_address, push_agent, spool_is_empty, stop_agent, stored, CollectorProcess, TestStore},
     Decoded, Fixture, TempDir,
@@ -268,7 +269,7 @@ fn two_shards_behind_two_collectors_answer_what_three_agents_recorded() {
     let dir = TempDir::new("ch-cluster");
     let stores: Vec<TestStore> = ClickHouseServer::cluster(&dir.0, "fleet", 2)
         .into_iter()
-        .map(|server| TestStore::ClickHouse { server, database: "ember_test".into(), cluster: Some("fleet".into()) })
+        .map(|server| TestStore::ClickHouse { server, database: "ember_test".into(), cluster: Some("fleet".into()), replicated: false })
         .collect();
     let (grpc, http) = ([free_address(), free_address()], [free_address(), free_address()]);
     let _collectors: Vec<CollectorProcess> = (0..2).map(|i| CollectorProcess::start_with_http(grpc[i], http[i], &stores[i], &[])).collect();
@@ -312,14 +313,67 @@ fn two_shards_behind_two_collectors_answer_what_three_agents_recorded() {
     let local = |store: &TestStore, table: &str| -> u64 { server(store).query(&format!("SELECT count() FROM ember_test.{table}_local")).trim().parse().unwrap() };
     assert!(stores.iter().all(|s| local(s, "stacks") > 0), "a shard holds no stacks");
     assert_eq!(stores.iter().map(|s| local(s, "profiles")).sum::<u64>() as usize, stored(&stores[0]).len());
-    // Roll-ups over the cluster: a spool's profiles of ten minutes that ended 20 minutes ago,
-    // pushed to one collector, rolled up and read from the roll-ups through either.
+    // Roll-ups over the cluster, beside the agents' profiles of other sample types.
+    earlier_profiles_are_rolled_up_and_read_through_each(grpc[0], &http);
+}
+
+/// A spool's profiles of ten minutes that ended 20 minutes ago, pushed to `collector`: each
+/// of the collectors at `http` answers for them from the roll-ups.
+fn earlier_profiles_are_rolled_up_and_read_through_each(collector: SocketAddr, http: &[SocketAddr]) {
     let start = (now() - 1800) / 600 * 600;
-    let answer = push(grpc[0], "earlier", 9, (1..=12).map(|n| profile(n, start + n as i64 * 10, n as i64, &[])).collect());
+    let answer = push(collector, "earlier", 9, (1..=12).map(|n| profile(n, start + n as i64 * 10, n as i64, &[])).collect());
     assert!(answer.refused.is_empty(), "{answer:?}");
-    for http in http {
+    for &http in http {
         wait_for_roll_ups(http, (start, start + 600), 12);
-        // Over the last hour, beside the agents' profiles of other sample types.
         assert_eq!(total(http, "selector=agent=earlier"), (200, (1..=12).sum()), "asked of {http}");
     }
+}
+
+#[test]
+fn two_replicas_of_a_shard_answer_everything_while_one_is_away_and_it_catches_up_on_return() {
+    require_root();
+    let dir = TempDir::new("ch-replicas");
+    let zookeeper = ZooKeeper::start(&dir.path("zookeeper"));
+    let mut stores: Vec<TestStore> = ClickHouseServer::replicas(&dir.0, "fleet", 2, &zookeeper)
+        .into_iter()
+        .map(|server| TestStore::ClickHouse { server, database: "ember_test".into(), cluster: Some("fleet".into()), replicated: true })
+        .collect();
+    let (grpc, http) = ([free_address(), free_address()], [free_address(), free_address()]);
+    let _collectors: Vec<CollectorProcess> = (0..2).map(|i| CollectorProcess::start_with_http(grpc[i], http[i], &stores[i], &[])).collect();
+    let count = |store: &TestStore, table: &str| -> u64 { server(store).query(&format!("SELECT count() FROM ember_test.{table}_local")).trim().parse().unwrap() };
+    // Replicas copy in the background, each table on its own.
+    let within_60_s = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !done() {
+            assert!(Instant::now() < deadline, "not within 60 s: {what}");
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    };
+    let recent = now() - 300;
+    let profiles = |numbers: std::ops::RangeInclusive<u64>| numbers.map(|n| profile(n, recent + n as i64, n as i64, &[])).collect::<Vec<_>>();
+    // Ten stored through the first replica: the second copies them.
+    assert!(push(grpc[0], "replicated", 1, profiles(1..=10)).refused.is_empty());
+    within_60_s("the second replica holds the first ten", &|| count(&stores[1], "profiles") == 10 && count(&stores[1], "samples") == 10);
+    // The first replica lost: its collector says so, the other stores ten more through the
+    // second replica and answers for all twenty, and a retry of the first ten is known.
+    let TestStore::ClickHouse { server: first, .. } = &mut stores[0] else { unreachable!() };
+    first.kill();
+    let (status, body) = http_get(http[0], "/readyz");
+    assert_eq!(status, 503, "{}", String::from_utf8_lossy(&body));
+    assert!(push(grpc[1], "replicated", 1, profiles(11..=20)).refused.is_empty());
+    assert!(push(grpc[1], "replicated", 1, profiles(1..=10)).refused.is_empty());
+    assert_eq!(total(http[1], "selector=agent=replicated"), (200, (1..=20).sum()));
+    assert_eq!(count(&stores[1], "profiles"), 20, "a retry was stored again");
+    // Back, the first replica fetches what it missed, and either collector answers for all.
+    let TestStore::ClickHouse { server: first, .. } = &mut stores[0] else { unreachable!() };
+    first.restart();
+    for http in http {
+        within_60_s(&format!("{http} answers for all twenty"), &|| total(http, "selector=agent=replicated") == (200, (1..=20).sum()));
+    }
+    within_60_s("the first replica fetches what it missed", &|| count(&stores[0], "profiles") == 20 && count(&stores[0], "samples") == 20);
+    assert_eq!(stored(&stores[0]), (1..=20).map(|n| ("replicated".to_string(), n)).collect::<Vec<_>>(), "every profile once");
+    // Roll-ups on replicas, held by both.
+    earlier_profiles_are_rolled_up_and_read_through_each(grpc[1], &http);
+    assert!(count(&stores[0], "rollups") > 0, "no roll-ups on the first replica");
+    within_60_s("both replicas hold the roll-ups", &|| count(&stores[0], "rollups") == count(&stores[1], "rollups"));
 }

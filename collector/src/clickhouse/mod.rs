@@ -28,7 +28,7 @@ use anyhow::{Context as _, Result};
 use ember_proto::{ember::AgentIdentity, pprof};
 
 pub use client::Connection;
-pub use schema::statements;
+pub use schema::{statements, Cluster};
 
 /// For the fuzz target of what goes to ClickHouse and comes back (`crate::fuzz`).
 #[cfg(fuzzing)]
@@ -46,7 +46,7 @@ pub struct ClickHouse {
     /// Where pushes' rows wait to be inserted together.
     inserts: Arc<inserts::Inserts>,
     /// The cluster the tables are Distributed over, if any.
-    cluster: Option<String>,
+    cluster: Option<Cluster>,
     /// Checked by `statements`: names are spliced into statements.
     database: String,
     /// Profiles that start before this (unix ns) are past retention.
@@ -66,10 +66,13 @@ impl ClickHouse {
     /// Connects and creates the schema where it is missing (a no-op where it exists, so any
     /// number of collectors may start at once). On a cluster, every statement reads the
     /// shards' local tables where a profile's rows are (each profile's rows sit on one shard),
-    /// and an insert returns once the shards hold it.
-    pub fn open(connection: &Connection, database: &str, cluster: Option<&str>) -> Result<ClickHouse> {
+    /// and an insert returns once the shards hold it. Of a shard's replicas, every collector
+    /// reads and writes the first that answers, in the cluster's order: a replica that lags
+    /// (one just back) is read only while those before it are away, so what a collector
+    /// counted and then built or checked come from one replica.
+    pub fn open(connection: &Connection, database: &str, cluster: Option<&Cluster>) -> Result<ClickHouse> {
         let settings = match cluster {
-            Some(_) => vec![("distributed_product_mode", "local"), ("insert_distributed_sync", "1")],
+            Some(_) => vec![("distributed_product_mode", "local"), ("insert_distributed_sync", "1"), ("load_balancing", "in_order")],
             None => vec![],
         };
         let client = Arc::new(client::Client::new(connection, &settings)?);
@@ -79,7 +82,7 @@ impl ClickHouse {
         Ok(ClickHouse {
             inserts: inserts::Inserts::start(client.clone(), database.to_string()),
             client,
-            cluster: cluster.map(str::to_string),
+            cluster: cluster.cloned(),
             database: database.to_string(),
             horizon: AtomicU64::new(0),
             stacks_stored: RwLock::default(),

@@ -19,6 +19,11 @@ use super::{
 };
 use crate::store::{Labels, Merged, Point, Points, Selection, MAX_VALUES};
 
+/// The source of every row where rows are not told apart by agent. Not a constant column:
+/// reading a replicated table through a Distributed one, ClickHouse 18.16 refuses a result
+/// whose column is constant in one shard's stream and not in another's.
+const NO_SOURCE: &str = "materialize('')";
+
 impl ClickHouse {
     /// The selection merged into one profile, and how many profiles it holds; None if none.
     pub(super) fn merged(&self, selection: &Selection, deadline: Option<Instant>) -> Result<Option<(Profile, Merged)>> {
@@ -30,15 +35,15 @@ impl ClickHouse {
         // a roll-up row says how many profiles its group (see `rollups`) holds.
         let counted = |source: &str, [raw_profiles, rolled_groups]: [&str; 2], table: &str| {
             format!(
-                "SELECT * FROM (WITH {with} SELECT {source} AS source, toUInt64(0) AS rolled, uniqExact(origin, sequence) AS n, min(start_ns) AS first_ns, \
+                "SELECT * FROM (WITH {with} SELECT {source} AS source, materialize(toUInt64(0)) AS rolled, uniqExact(origin, sequence) AS n, min(start_ns) AS first_ns, \
 max(end_ns) AS last_ns FROM {db}.{table} WHERE {raw_profiles} GROUP BY source \
-UNION ALL SELECT source, toUInt64(1) AS rolled, sum(group_profiles) AS n, min(group_first) AS first_ns, max(group_last) AS last_ns FROM \
+UNION ALL SELECT source, materialize(toUInt64(1)) AS rolled, sum(group_profiles) AS n, min(group_first) AS first_ns, max(group_last) AS last_ns FROM \
 (WITH {with} SELECT {source} AS source, any(profiles) AS group_profiles, min(start_ns) AS group_first, max(end_ns) AS group_last \
 FROM {db}.rollups WHERE {rolled_groups} GROUP BY source, level, bucket, kind, origin, agent, host, label_keys, label_values) GROUP BY source) \
 FORMAT RowBinary"
             )
         };
-        let answer = self.client.query(&counted("''", [raw, rolled], "samples"), &bound.external, deadline)?;
+        let answer = self.client.query(&counted(NO_SOURCE, [raw, rolled], "samples"), &bound.external, deadline)?;
         let (mut count, mut start, mut end) = (Merged::default(), u64::MAX, 0);
         let mut r = Reader(&answer);
         while !r.is_empty() {
@@ -53,7 +58,7 @@ FORMAT RowBinary"
         // whether a sample of them is selected or not: they are counted, and the samples
         // summed, per source.
         let holds = ember_pprof::kind_holds(selection.kind);
-        let source = if holds { "origin" } else { "''" };
+        let source = if holds { "origin" } else { NO_SOURCE };
         let mut profiles_of = HashMap::new();
         if holds {
             let [whole_raw, whole_rolled] = &bound.whole_profiles;
@@ -173,7 +178,7 @@ FROM {}.stacks WHERE stack IN (SELECT stack FROM wanted) GROUP BY stack FORMAT R
         // Held values are averaged per source over a step: each source's points apart (one
         // profile of a source per start second).
         let (unit, holds) = self.value_type(&bound, value, deadline)?;
-        let source = if holds { "origin" } else { "''" };
+        let source = if holds { "origin" } else { NO_SOURCE };
         let index = value + 1;
         let answer = self.client.query(
             &format!(

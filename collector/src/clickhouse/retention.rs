@@ -21,8 +21,9 @@ impl ClickHouse {
         self.horizon.store(oldest, Ordering::Relaxed);
         // Days since 1970-01-01, as a Date is stored.
         let first_kept = oldest / DAY_NS;
-        // On a cluster, this server's part: each server's is dropped by the collectors on it.
-        let tables = ["profiles", "samples", "stacks", "rollups", "builds"].map(|table| local_name(table, self.cluster.as_deref()));
+        // On a cluster, this server's part: each server's is dropped by the collectors on it
+        // (a replica's drop is its shard's other replicas' too).
+        let tables = ["profiles", "samples", "stacks", "rollups", "builds"].map(|table| local_name(table, self.cluster.as_ref()));
         let mut args = Writer::default();
         args.str(&self.database);
         let answer = self.client.query(

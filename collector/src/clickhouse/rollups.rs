@@ -13,7 +13,11 @@ use std::{collections::HashMap, time::Instant};
 
 use anyhow::Result;
 
-use super::{row_binary::Writer, schema::starts_in, unique_id, ClickHouse};
+use super::{
+    row_binary::{Reader, Writer},
+    schema::starts_in,
+    unique_id, ClickHouse,
+};
 use crate::buckets::{bucket, LEVELS};
 
 /// Buckets that ended longer ago than this are not built: a profile that arrives later than
@@ -53,7 +57,8 @@ impl ClickHouse {
                 }
                 // A bucket that fails is tried again next round; the others go on.
                 match self.build(level, start, stored) {
-                    Ok(()) => built += 1,
+                    Ok(true) => built += 1,
+                    Ok(false) => {}
                     Err(e) => tracing::warn!(level_seconds = level / 1_000_000_000, bucket = start, "rolling up a bucket failed: {e:#}"),
                 }
             }
@@ -63,29 +68,52 @@ impl ClickHouse {
     }
 
     /// Builds one bucket's roll-ups, `stored` being the profiles it holds now: its rows first,
-    /// then the build's row, which makes them readable. A profile stored meanwhile may be in
-    /// the rows or not: either way the bucket holds more than `stored`, so this build is not
-    /// read, and a later one is made.
-    fn build(&self, level: u64, start: u64, stored: u64) -> Result<()> {
+    /// then the build's row, which makes them readable; returns whether it made that row. A
+    /// profile stored meanwhile may be in the rows or not: either way the bucket holds more
+    /// than `stored`, so this build would not be read, and a later one is made.
+    ///
+    /// Before the row is written, the build is checked against the bucket as it is then: the
+    /// same profiles, and every sample row of them summed. On replicas, which copy each table
+    /// on its own, a replica may hold a profile's row before its samples, or a count and a
+    /// build may come from two replicas (the first away, or back and behind); a build row
+    /// claiming samples its rows lack would be read as complete.
+    fn build(&self, level: u64, start: u64, stored: u64) -> Result<bool> {
         let db = &self.database;
         let build = unique_id();
         let range = starts_in(start, start + level);
+        let chosen = format!("(origin, sequence, attempt) IN (SELECT origin, sequence, min(attempt) FROM {db}.profiles WHERE {range} GROUP BY origin, sequence)");
         self.client.query(
             &format!(
-                "INSERT INTO {db}.rollups (day, level, bucket, build, start_ns, end_ns, {GROUP}, profiles, {SUMMED_BY}, values, value_sums) \
-SELECT bucket_day, {level}, {start}, {build}, first_ns, last_ns, {GROUP}, profiles, {SUMMED_BY}, summed, floats FROM \
-(SELECT any(day) AS bucket_day, {GROUP}, {SUMMED_BY}, sumForEach(values) AS summed, sumForEach(arrayMap(x -> toFloat64(x), values)) AS floats \
-FROM {db}.samples WHERE {range} \
-AND (origin, sequence, attempt) IN (SELECT origin, sequence, min(attempt) FROM {db}.profiles WHERE {range} GROUP BY origin, sequence) \
-GROUP BY {GROUP}, {SUMMED_BY}) AS per_sample \
+                "INSERT INTO {db}.rollups (day, level, bucket, build, start_ns, end_ns, {GROUP}, profiles, {SUMMED_BY}, values, value_sums, sample_rows) \
+SELECT bucket_day, {level}, {start}, {build}, first_ns, last_ns, {GROUP}, profiles, {SUMMED_BY}, summed, floats, summed_rows FROM \
+(SELECT any(day) AS bucket_day, {GROUP}, {SUMMED_BY}, sumForEach(values) AS summed, sumForEach(arrayMap(x -> toFloat64(x), values)) AS floats, \
+count() AS summed_rows FROM {db}.samples WHERE {range} AND {chosen} GROUP BY {GROUP}, {SUMMED_BY}) AS per_sample \
 ANY LEFT JOIN (SELECT {GROUP}, uniqExact(sequence) AS profiles, min(start_ns) AS first_ns, max(end_ns) AS last_ns FROM {db}.profiles \
 WHERE {range} GROUP BY {GROUP}) AS per_group USING ({GROUP})"
             ),
             &[],
             None,
         )?;
+        let checked = self.client.query(
+            &format!(
+                // Current releases make a scalar subquery Nullable: ifNull keeps each a UInt64.
+                "SELECT ifNull((SELECT uniqExact(origin, sequence) FROM {db}.profiles WHERE {range}), toUInt64(0)), \
+ifNull((SELECT sum(samples) FROM {db}.profiles WHERE {range} AND {chosen}), toUInt64(0)), \
+ifNull((SELECT sum(sample_rows) FROM {db}.rollups WHERE {range} AND level = {level} AND bucket = {start} AND build = {build}), toUInt64(0)) \
+FORMAT RowBinary"
+            ),
+            &[],
+            None,
+        )?;
+        let mut r = Reader(&checked);
+        let (now_stored, sample_rows, summed_rows) = (r.u64()?, r.u64()?, r.u64()?);
+        if now_stored != stored || sample_rows != summed_rows {
+            tracing::debug!(level_seconds = level / 1_000_000_000, bucket = start, stored, now_stored, sample_rows, summed_rows, "a bucket changed while it was built");
+            return Ok(false);
+        }
         let mut row = Writer::default();
         row.date(start).u64(level).u64(start).u64(build).u64(stored);
-        self.client.insert(&format!("INSERT INTO {db}.builds"), row)
+        self.client.insert(&format!("INSERT INTO {db}.builds"), row)?;
+        Ok(true)
     }
 }

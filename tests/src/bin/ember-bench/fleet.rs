@@ -141,7 +141,7 @@ pub fn run(seconds: u64) -> Result<()> {
     for collectors in [1, 2] {
         let server = ClickHouseServer::start(&dir.join(format!("clickhouse-{collectors}")));
         let pid = server.pid();
-        let store = TestStore::ClickHouse { server, database: "ember_bench".into(), cluster: None };
+        let store = TestStore::ClickHouse { server, database: "ember_bench".into(), cluster: None, replicated: false };
         rows.push(("ClickHouse 18.16", collectors, ingest(&store, collectors, &profiles, seconds, Some(pid))?));
     }
     let base = rows[0].2.profiles as f64 / rows[0].2.seconds;
