@@ -13,6 +13,7 @@ use ember_proto::pprof::{Profile, ValueType};
 use super::{
     client::External,
     row_binary::{Reader, Writer},
+    schema::one_copy,
     select::{bind, Bound, GROUP_VALUE},
     stacks::{Builder, SampleLabels, Stack},
     ClickHouse,
@@ -260,8 +261,8 @@ ARRAY JOIN sample_keys AS k, sample_values AS v GROUP BY k, v ORDER BY k, v LIMI
         let db = &self.database;
         let answer = self.client.query(
             &format!(
-                "SELECT agent, sequence, kind, start_ns, samples FROM {db}.profiles WHERE (origin, sequence, attempt) IN \
-(SELECT origin, sequence, min(attempt) FROM {db}.profiles GROUP BY origin, sequence) ORDER BY start_ns, origin, sequence FORMAT RowBinary"
+                "SELECT agent, sequence, kind, start_ns, samples FROM {db}.profiles WHERE {} ORDER BY start_ns, origin, sequence FORMAT RowBinary",
+                one_copy(db, "1")
             ),
             &[],
             None,

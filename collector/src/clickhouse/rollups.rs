@@ -15,7 +15,7 @@ use anyhow::Result;
 
 use super::{
     row_binary::{Reader, Writer},
-    schema::starts_in,
+    schema::{one_copy, starts_in},
     unique_id, ClickHouse,
 };
 use crate::buckets::{bucket, LEVELS};
@@ -81,7 +81,7 @@ impl ClickHouse {
         let db = &self.database;
         let build = unique_id();
         let range = starts_in(start, start + level);
-        let chosen = format!("(origin, sequence, attempt) IN (SELECT origin, sequence, min(attempt) FROM {db}.profiles WHERE {range} GROUP BY origin, sequence)");
+        let chosen = one_copy(db, &range);
         self.client.query(
             &format!(
                 "INSERT INTO {db}.rollups (day, level, bucket, build, start_ns, end_ns, {GROUP}, profiles, {SUMMED_BY}, values, value_sums, sample_rows) \

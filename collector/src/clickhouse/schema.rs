@@ -85,6 +85,12 @@ pub fn starts_in(from: u64, to: u64) -> String {
     format!("day >= toDate(toUInt16({})) AND day <= toDate(toUInt16({})) AND start_ns >= {from} AND start_ns < {to}", day(from), day(to.saturating_sub(1)))
 }
 
+/// Keeps one copy of each profile among rows of `profiles` or `samples`: of the profiles the
+/// condition `selected` picks, each (origin, sequence)'s smallest attempt (see PROFILE_KEY).
+pub fn one_copy(database: &str, selected: &str) -> String {
+    format!("(origin, sequence, attempt) IN (SELECT origin, sequence, min(attempt) FROM {database}.profiles WHERE {selected} GROUP BY origin, sequence)")
+}
+
 /// The columns a table starts with.
 fn leading(table: &str) -> String {
     match table {

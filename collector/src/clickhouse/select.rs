@@ -5,7 +5,12 @@
 //! travel in a third table (`parts`).
 use anyhow::{bail, Result};
 
-use super::{client::External, plan::Part, row_binary::Writer, schema::starts_in};
+use super::{
+    client::External,
+    plan::Part,
+    row_binary::Writer,
+    schema::{one_copy, starts_in},
+};
 use crate::{buckets::LEVELS, store::Selection};
 
 /// Selector terms one query may carry.
@@ -32,7 +37,6 @@ pub struct Bound<'a> {
     pub external: Vec<External<'a>>,
 }
 
-
 /// Binds `selection`, read from the roll-ups `parts` and from the samples elsewhere, and
 /// `group` (a label name, or "" for none) as `the_group`.
 pub fn bind<'a>(database: &str, selection: &Selection, group: &str, parts: &[Part]) -> Result<Bound<'a>> {
@@ -46,11 +50,7 @@ pub fn bind<'a>(database: &str, selection: &Selection, group: &str, parts: &[Par
     let mut with = vec!["(SELECT kind FROM args) AS the_kind".to_string(), "(SELECT group_by FROM args) AS the_group".to_string()];
     let range = starts_in(from, to);
     let profiles = format!("kind = (SELECT kind FROM args) AND {range}");
-    // Each (origin, sequence) is read from one copy: the smallest attempt stored.
-    let mut samples = vec![
-        format!("kind = the_kind AND {range}"),
-        format!("(origin, sequence, attempt) IN (SELECT origin, sequence, min(attempt) FROM {database}.profiles WHERE {profiles} GROUP BY origin, sequence)"),
-    ];
+    let mut samples = vec![format!("kind = the_kind AND {range}"), one_copy(database, &profiles)];
     let mut whole = vec![format!("kind = the_kind AND {range}")];
     let mut rollups = vec!["kind = the_kind".to_string()];
     let mut read = Writer::default();
