@@ -23,6 +23,21 @@ pub struct Part {
     pub build: u64,
 }
 
+/// What a selection reads: complete roll-ups, and the sample rows of the profiles that start
+/// in `raw` (ascending, disjoint), the rest of its range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Read {
+    pub parts: Vec<Part>,
+    pub raw: Vec<(u64, u64)>,
+}
+
+impl Read {
+    /// The whole of [from, to) from the sample rows.
+    pub fn raw(range: (u64, u64)) -> Read {
+        Read { parts: Vec::new(), raw: vec![range] }
+    }
+}
+
 /// What the buckets of a range hold now, and the builds of their roll-ups.
 pub(super) struct Coverage {
     /// Profiles stored per bucket of the smallest level (each (origin, sequence) once).
@@ -79,7 +94,7 @@ WHERE {} GROUP BY bucket FORMAT RowBinary",
     }
 
     /// The largest complete roll-ups inside [from, to); the rest of it is read raw.
-    pub(super) fn plan(&self, (from, to): (u64, u64), deadline: Option<Instant>) -> Result<Vec<Part>> {
+    pub(super) fn plan(&self, (from, to): (u64, u64), deadline: Option<Instant>) -> Result<Read> {
         let coverage = self.coverage((from, to), deadline)?;
         let segments = buckets::plan(from, to, &mut |level, from, to| {
             let mut complete: Vec<u64> = coverage.builds.keys().filter(|&&(l, b)| l == level && b >= from && b < to).map(|&(_, b)| b).collect();
@@ -87,13 +102,21 @@ WHERE {} GROUP BY bucket FORMAT RowBinary",
             complete.sort_unstable();
             Ok(complete)
         })?;
-        Ok(segments
-            .into_iter()
-            .filter_map(|segment| match segment {
-                Segment::RollUps(level, bucket) => Some(Part { level, bucket, build: coverage.complete(level, bucket)? }),
-                Segment::Profiles(..) => None,
-            })
-            .collect())
+        let mut read = Read { parts: Vec::new(), raw: Vec::new() };
+        for segment in segments {
+            match segment {
+                Segment::RollUps(level, bucket) => {
+                    if let Some(build) = coverage.complete(level, bucket) {
+                        read.parts.push(Part { level, bucket, build });
+                    }
+                }
+                Segment::Profiles(start, end) => match read.raw.last_mut() {
+                    Some(last) if last.1 == start => last.1 = end,
+                    _ => read.raw.push((start, end)),
+                },
+            }
+        }
+        Ok(read)
     }
 }
 

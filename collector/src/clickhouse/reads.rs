@@ -12,6 +12,7 @@ use ember_proto::pprof::{Profile, ValueType};
 
 use super::{
     client::External,
+    plan::Read,
     row_binary::{Reader, Writer},
     schema::one_copy,
     select::{bind, Bound, GROUP_VALUE},
@@ -29,8 +30,8 @@ impl ClickHouse {
     /// The selection merged into one profile, and how many profiles it holds; None if none.
     pub(super) fn merged(&self, selection: &Selection, deadline: Option<Instant>) -> Result<Option<(Profile, Merged)>> {
         let db = &self.database;
-        let parts = self.plan(selection.range, deadline)?;
-        let bound = bind(db, selection, "", &parts)?;
+        let read = self.plan(selection.range, deadline)?;
+        let bound = bind(db, selection, "", &read)?;
         let (with, raw, rolled) = (&bound.with, &bound.samples, &bound.rollups);
         // The profiles merged (those with a sample selected), and how many came from roll-ups:
         // a roll-up row says how many profiles its group (see `rollups`) holds.
@@ -173,7 +174,7 @@ FROM {}.stacks WHERE stack IN (SELECT stack FROM wanted) GROUP BY stack FORMAT R
     /// Totals of sample value `value` per second of profile starts, profile length and group.
     pub(super) fn points(&self, selection: &Selection, value: usize, group_by: Option<&str>, deadline: Option<Instant>) -> Result<Points> {
         let db = &self.database;
-        let bound = bind(db, selection, group_by.unwrap_or(""), &[])?;
+        let bound = bind(db, selection, group_by.unwrap_or(""), &Read::raw(selection.range))?;
         let (with, filter) = (&bound.with, &bound.samples);
         let group = if group_by.is_some() { GROUP_VALUE } else { "'total'" };
         // Held values are averaged per source over a step: each source's points apart (one
@@ -232,7 +233,7 @@ FORMAT RowBinary"
     pub(super) fn labels(&self, kind: &str, range: (u64, u64), deadline: Instant) -> Result<Labels> {
         let db = &self.database;
         let selector = BTreeMap::new();
-        let bound = bind(db, &Selection { kind, selector: &selector, range }, "", &[])?;
+        let bound = bind(db, &Selection { kind, selector: &selector, range }, "", &Read::raw(range))?;
         let profiles = &bound.profiles;
         let cap = MAX_VALUES + 1;
         let answer = self.client.query(

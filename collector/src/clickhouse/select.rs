@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 
 use super::{
     client::External,
-    plan::Part,
+    plan::Read,
     row_binary::Writer,
     schema::{one_copy, starts_in},
 };
@@ -37,9 +37,23 @@ pub struct Bound<'a> {
     pub external: Vec<External<'a>>,
 }
 
-/// Binds `selection`, read from the roll-ups `parts` and from the samples elsewhere, and
-/// `group` (a label name, or "" for none) as `the_group`.
-pub fn bind<'a>(database: &str, selection: &Selection, group: &str, parts: &[Part]) -> Result<Bound<'a>> {
+/// Raw ranges spelled out one by one at most; past that, one range spans them (the rows of
+/// the roll-ups read inside it are then left out by the buckets alone).
+const MAX_RAW_RANGES: usize = 32;
+
+/// The rows whose profile starts in one of `raw`'s ranges: each range's days and times, which
+/// spare ClickHouse the partitions and index granules of the rest (the roll-ups read).
+fn starts_in_any(raw: &[(u64, u64)]) -> String {
+    match raw {
+        [] => "0".to_string(),
+        [.., (_, last)] if raw.len() > MAX_RAW_RANGES => starts_in(raw[0].0, *last),
+        _ => format!("({})", raw.iter().map(|&(from, to)| format!("({})", starts_in(from, to))).collect::<Vec<_>>().join(" OR ")),
+    }
+}
+
+/// Binds `selection`, read as `read` says (complete roll-ups, and the samples of the rest of
+/// its range), and `group` (a label name, or "" for none) as `the_group`.
+pub fn bind<'a>(database: &str, selection: &Selection, group: &str, read: &Read) -> Result<Bound<'a>> {
     if selection.selector.len() > MAX_TERMS {
         bail!("a selector may have at most {MAX_TERMS} terms");
     }
@@ -49,16 +63,18 @@ pub fn bind<'a>(database: &str, selection: &Selection, group: &str, parts: &[Par
     let mut terms = Writer::default();
     let mut with = vec!["(SELECT kind FROM args) AS the_kind".to_string(), "(SELECT group_by FROM args) AS the_group".to_string()];
     let range = starts_in(from, to);
+    let raw = starts_in_any(&read.raw);
     let profiles = format!("kind = (SELECT kind FROM args) AND {range}");
-    let mut samples = vec![format!("kind = the_kind AND {range}"), one_copy(database, &profiles)];
-    let mut whole = vec![format!("kind = the_kind AND {range}")];
-    let mut rollups = vec!["kind = the_kind".to_string()];
-    let mut read = Writer::default();
+    let raw_profiles = format!("kind = (SELECT kind FROM args) AND {raw}");
+    let mut samples = vec![format!("kind = the_kind AND {raw}"), one_copy(database, &raw_profiles)];
+    let mut whole = vec![format!("kind = the_kind AND {raw}")];
+    let mut rollups = vec![format!("kind = the_kind AND {range} AND bucket >= {from} AND bucket < {to}")];
+    let (parts, mut read_parts) = (&read.parts, Writer::default());
     if parts.is_empty() {
         rollups.push("0".into());
     } else {
         for part in parts {
-            read.u64(part.level).u64(part.bucket).u64(part.build);
+            read_parts.u64(part.level).u64(part.bucket).u64(part.build);
         }
         rollups.push("(level, bucket, build) IN (SELECT level, bucket, build FROM parts)".into());
         // A bucket read from its roll-ups is not read raw.
@@ -93,7 +109,7 @@ pub fn bind<'a>(database: &str, selection: &Selection, group: &str, parts: &[Par
         external: vec![
             External { name: "args", structure: "kind String, group_by String", rows: args },
             External { name: "terms", structure: "n UInt32, key String, value String", rows: terms },
-            External { name: "parts", structure: "level UInt64, bucket UInt64, build UInt64", rows: read },
+            External { name: "parts", structure: "level UInt64, bucket UInt64, build UInt64", rows: read_parts },
         ],
     })
 }
@@ -103,3 +119,17 @@ pub fn bind<'a>(database: &str, selection: &Selection, group: &str, parts: &[Par
 pub const GROUP_VALUE: &str = "multiIf(the_group = 'agent', agent, the_group = 'host', host, \
 has(label_keys, the_group), label_values[indexOf(label_keys, the_group)], \
 has(sample_keys, the_group), sample_values[indexOf(sample_keys, the_group)], '[none]')";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_ranges_are_spelled_out_up_to_a_bound_and_then_spanned() {
+        assert_eq!(starts_in_any(&[]), "0");
+        let two = starts_in_any(&[(0, 60), (120, 180)]);
+        assert_eq!(two, format!("(({}) OR ({}))", starts_in(0, 60), starts_in(120, 180)));
+        let many: Vec<(u64, u64)> = (0..MAX_RAW_RANGES as u64 + 1).map(|i| (i * 120, i * 120 + 60)).collect();
+        assert_eq!(starts_in_any(&many), starts_in(0, MAX_RAW_RANGES as u64 * 120 + 60));
+    }
+}

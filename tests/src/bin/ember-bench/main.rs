@@ -6,6 +6,7 @@ mod alloc;
 mod churn;
 mod faults;
 mod fleet;
+mod fleet_query;
 mod churn_cost;
 mod governor;
 mod jit;
@@ -27,10 +28,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, ensure, Context as _, Result};
 use ember_tests::{
     cgroup_cpu::CgroupCpu,
-    usage::{bpf_usage, status_kib, BpfStats, BpfUsage, HostTimes},
+    usage::{self, bpf_usage, status_kib, BpfStats, BpfUsage, HostTimes},
 };
 
 #[derive(clap::Parser)]
@@ -57,6 +58,12 @@ struct BenchArgs {
     /// costs the agent).
     #[arg(long)]
     debug_binary: bool,
+    /// fleet: which half, ingest (pushes for --seconds) or query (a day of --hosts hosts).
+    #[arg(long, value_parser = ["ingest", "query", "all"], default_value = "all")]
+    part: String,
+    /// fleet: the fleet sizes whose day is queried (multiples of 5).
+    #[arg(long, value_delimiter = ',', default_value = "5,100")]
+    hosts: Vec<usize>,
     /// governor: microseconds each pingpong thread is busy per turn (fewer: more switches).
     #[arg(long, default_value_t = 20)]
     busy_us: u64,
@@ -85,7 +92,15 @@ fn bench(args: BenchArgs) -> Result<()> {
         "churn" => churn::run(args.seconds),
         "faults" => faults::run(args.seconds),
         "alloc" => alloc::run(args.seconds),
-        "fleet" => fleet::run(args.seconds),
+        "fleet" => {
+            if args.part != "query" {
+                fleet::run(args.seconds)?;
+            }
+            if args.part != "ingest" {
+                fleet_query::run(&args.hosts)?;
+            }
+            Ok(())
+        }
         "soak" => soak::run(args.seconds),
         "ui" => ui::run(),
         "mappings" => mappings::run(args.seconds),
@@ -94,6 +109,22 @@ fn bench(args: BenchArgs) -> Result<()> {
     // On a virtual machine, what the hypervisor took moves every figure: printed with them.
     println!("host: {:.1}% of the CPUs' busy time was stolen by the hypervisor during the bench", HostTimes::now().steal_since(&host) * 100.0);
     ran
+}
+
+/// Waits until the embedded store's collector has built its roll-ups: its CPU stays idle for
+/// longer than two of the roller's 10 s rounds (it builds a bucket after a round in which the
+/// bucket did not change). Returns how long that took and the CPU it spent meanwhile, in s.
+pub fn wait_for_rollups(pid: u32, limit: Duration) -> Result<(f64, f64)> {
+    let (started, cpu) = (Instant::now(), usage::process_cpu_seconds(pid));
+    loop {
+        let before = usage::process_cpu_seconds(pid);
+        std::thread::sleep(Duration::from_secs(21));
+        let after = usage::process_cpu_seconds(pid);
+        if after - before < 0.05 {
+            return Ok(((started.elapsed().as_secs_f64() - 21.0).max(0.0), after - cpu));
+        }
+        ensure!(started.elapsed() < limit, "the collector was still building roll-ups after {} s", limit.as_secs());
+    }
 }
 
 /// A binary of the same build as this one (`cargo xtask bench` builds them all in release).

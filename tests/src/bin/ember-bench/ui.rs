@@ -23,7 +23,7 @@ use prost::Message as _;
 use serde_json::json;
 
 use super::{
-    empty_dir,
+    empty_dir, wait_for_rollups,
     synthetic::{profile, stacks, Random},
 };
 
@@ -72,22 +72,6 @@ fn timed_get(http: std::net::SocketAddr, path: &str) -> Result<(f64, usize)> {
     Ok((started.elapsed().as_secs_f64(), body.len()))
 }
 
-/// Waits until the collector has rolled up the hour: its CPU stays idle for longer than two of
-/// the roller's 10 s rounds (it builds a bucket after a round in which the bucket did not
-/// change). Returns how long that took and the CPU it spent meanwhile, in s.
-fn wait_for_rollups(pid: u32) -> Result<(f64, f64)> {
-    let (started, cpu) = (Instant::now(), usage::process_cpu_seconds(pid));
-    loop {
-        let before = usage::process_cpu_seconds(pid);
-        std::thread::sleep(Duration::from_secs(21));
-        let after = usage::process_cpu_seconds(pid);
-        if after - before < 0.05 {
-            return Ok(((started.elapsed().as_secs_f64() - 21.0).max(0.0), after - cpu));
-        }
-        ensure!(started.elapsed() < Duration::from_secs(300), "the collector was still busy 5 minutes after the fill");
-    }
-}
-
 /// Records, in the page, each animation frame's time and each mousemove handler's time.
 const RECORDER: &str = "
     window.bench = { frames: [], handlers: [], started: 0 };
@@ -111,7 +95,7 @@ pub fn run() -> Result<()> {
     let cpu_before = usage::process_cpu_seconds(collector.pid());
     let pushed = fill(grpc)?;
     let fill_cpu = usage::process_cpu_seconds(collector.pid()) - cpu_before;
-    let (rolled_after, rollup_cpu) = wait_for_rollups(collector.pid())?;
+    let (rolled_after, rollup_cpu) = wait_for_rollups(collector.pid(), Duration::from_secs(300))?;
 
     let (tree_seconds, tree_bytes) = timed_get(http, "/api/tree?kind=cpu")?;
     let (series_seconds, _) = timed_get(http, "/api/series?kind=cpu")?;
