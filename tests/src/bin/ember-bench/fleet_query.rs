@@ -199,7 +199,6 @@ struct Measured {
     hosts: usize,
     samples: u64,
     fill_seconds: f64,
-    disk_per_sample: f64,
     rollup_seconds: f64,
     rollup_cpu: f64,
     /// The whole day, one host's day, the last hour: the median of RUNS, in s.
@@ -298,7 +297,7 @@ fn clickhouse(dir: &std::path::Path, hosts: usize, templates: &Arc<Templates>) -
     roller.stop();
     println!("  hourly roll-ups built in {rollup_seconds:.0} s ({rollup_cpu:.0} s of ClickHouse CPU)");
     let queries = ask(&store, day, &truth(templates, hosts))?;
-    Ok(Measured { store: "ClickHouse 18.16", hosts, samples, fill_seconds, disk_per_sample: disk as f64 / samples as f64, rollup_seconds, rollup_cpu, queries })
+    Ok(Measured { store: "ClickHouse 18.16", hosts, samples, fill_seconds, rollup_seconds, rollup_cpu, queries })
 }
 
 /// A day of `hosts` hosts in the embedded store, under `dir`, pushed through a collector.
@@ -319,7 +318,7 @@ fn embedded(dir: &std::path::Path, hosts: usize, templates: &Arc<Templates>) -> 
     roller.stop();
     println!("  roll-ups (every level) built in {rollup_seconds:.0} s ({rollup_cpu:.0} s of collector CPU)");
     let queries = ask(&store, day, &truth(templates, hosts))?;
-    Ok(Measured { store: "embedded (redb)", hosts, samples, fill_seconds, disk_per_sample: disk as f64 / samples as f64, rollup_seconds, rollup_cpu, queries })
+    Ok(Measured { store: "embedded (redb)", hosts, samples, fill_seconds, rollup_seconds, rollup_cpu, queries })
 }
 
 pub fn run(hosts: &[usize]) -> Result<()> {
@@ -340,12 +339,12 @@ pub fn run(hosts: &[usize]) -> Result<()> {
     }
     println!();
     println!("Command: cargo xtask bench fleet --part query --hosts {}", hosts.iter().map(usize::to_string).collect::<Vec<_>>().join(","));
-    println!("| store | hosts | samples in the day | fill, s | disk bytes per sample | roll-ups built, s (CPU s) | whole day, s | one host's day, s | last hour, s |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| store | hosts | samples in the day | fill, s | roll-ups built, s (CPU s) | whole day, s | one host's day, s | last hour, s |");
+    println!("|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {} | {:.0} | {:.1} | {:.0} ({:.0}) | {:.2} | {:.2} | {:.2} |",
-            r.store, r.hosts, r.samples, r.fill_seconds, r.disk_per_sample, r.rollup_seconds, r.rollup_cpu, r.queries[0], r.queries[1], r.queries[2]
+            "| {} | {} | {} | {:.0} | {:.0} ({:.0}) | {:.2} | {:.2} | {:.2} |",
+            r.store, r.hosts, r.samples, r.fill_seconds, r.rollup_seconds, r.rollup_cpu, r.queries[0], r.queries[1], r.queries[2]
         );
     }
     for r in rows.iter().filter(|r| r.store == "embedded (redb)") {
