@@ -168,9 +168,9 @@ sequence + {}, attempt, concat('host-', toString(h)), concat('host-', toString(h
                 24 * HOUR,
                 hour * PER_HOUR as u64
             );
-            let from = format!("FROM {template}.{{}} ARRAY JOIN arrayMap(j -> {service} + {SERVICES} * j, range({hosts_per_service})) AS h WHERE agent = 'template-{service}'");
+            let hosts = format!("ARRAY JOIN arrayMap(j -> {service} + {SERVICES} * j, range({hosts_per_service})) AS h WHERE agent = 'template-{service}'");
             for (table, columns) in [("samples", SAMPLE_COLUMNS), ("profiles", PROFILE_COLUMNS)] {
-                server.query(&format!("INSERT INTO {db}.{table} ({KEY_COLUMNS}, {columns}) SELECT {keys}, {columns} {}", from.replace("{}", table)));
+                server.query(&format!("INSERT INTO {db}.{table} ({KEY_COLUMNS}, {columns}) SELECT {keys}, {columns} FROM {template}.{table} {hosts}"));
             }
         }
         if hour % 6 == 5 {
@@ -281,7 +281,7 @@ fn clickhouse(dir: &std::path::Path, hosts: usize, templates: &Arc<Templates>) -
     // The hourly roll-ups are what a day's questions read; a collector builds them first.
     let (roller, _, _) = collector(&store, true);
     let (started, cpu) = (Instant::now(), usage::process_cpu_seconds(pid));
-    let deadline = Duration::from_nanos(day + HOURS * HOUR + HOUR - now_ns());
+    let deadline = Duration::from_nanos((day + HOURS * HOUR + HOUR).saturating_sub(now_ns()));
     loop {
         std::thread::sleep(Duration::from_secs(2));
         let built: u64 = server
