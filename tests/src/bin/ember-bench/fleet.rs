@@ -13,8 +13,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{ensure, Result};
-use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest};
+use anyhow::Result;
+use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, Profile};
 use ember_tests::{
     clickhouse::ClickHouseServer,
     transport::{free_address, CollectorProcess, TestStore},
@@ -24,6 +24,7 @@ use prost::Message as _;
 
 use super::{
     empty_dir,
+    pushing::push_batches,
     synthetic::{profile, stacks, Random},
 };
 
@@ -92,9 +93,7 @@ fn push_for(collectors: &[SocketAddr], profiles: &Arc<Vec<(Vec<u8>, u64)>>, seco
                             });
                             batch_samples += count;
                         }
-                        let answer = client.push(PushRequest { agent: Some(agent.clone()), profiles: batch }).await?.into_inner();
-                        ensure!(answer.refused.is_empty() && answer.held.len() == BATCH, "a push was not held whole: {answer:?}");
-                        stored.fetch_add(BATCH as u64, Ordering::Relaxed);
+                        stored.fetch_add(push_batches(&mut client, &agent, batch, BATCH).await?, Ordering::Relaxed);
                         samples.fetch_add(batch_samples, Ordering::Relaxed);
                     }
                     anyhow::Ok(())

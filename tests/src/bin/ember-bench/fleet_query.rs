@@ -17,7 +17,7 @@ use std::{
 };
 
 use anyhow::{ensure, Context as _, Result};
-use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest};
+use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, Profile};
 use ember_tests::{
     clickhouse::ClickHouseServer,
     http_get,
@@ -28,6 +28,7 @@ use prost::Message as _;
 
 use super::{
     empty_dir,
+    pushing::push_batches,
     synthetic::{profile, stacks, Random},
     wait_for_rollups,
 };
@@ -119,24 +120,14 @@ fn push(grpc: SocketAddr, hosts: Vec<(String, u64, usize)>, day: u64, hours: u64
                 let mut client = CollectorClient::connect(format!("http://{grpc}")).await?;
                 let agent = AgentIdentity { hostname: agent_id.clone(), agent_id, spool_id, ..Default::default() };
                 let labels = HashMap::from([("service".to_string(), format!("service-{service}"))]);
-                let mut batch = Vec::new();
-                let mut pushed = 0u64;
-                for hour in 0..hours {
-                    for (i, (pprof_gzip, ..)) in templates[service].iter().enumerate() {
-                        let start = (day + hour * HOUR + i as u64 * 10 * NS) as i64;
-                        let sequence = hour * PER_HOUR as u64 + i as u64 + 1;
-                        let (end, kind, labels) = (start + 10 * NS as i64, "cpu".to_string(), labels.clone());
-                        batch.push(Profile { sequence, kind, start_unix_nanos: start, end_unix_nanos: end, labels, pprof_gzip: pprof_gzip.clone() });
-                        let last = hour + 1 == hours && i + 1 == PER_HOUR;
-                        if batch.len() == 16 || last {
-                            let sent = batch.len();
-                            let answer = client.push(PushRequest { agent: Some(agent.clone()), profiles: std::mem::take(&mut batch) }).await?.into_inner();
-                            ensure!(answer.refused.is_empty() && answer.held.len() == sent, "a push was not held whole: {answer:?}");
-                            pushed += sent as u64;
-                        }
-                    }
-                }
-                anyhow::Ok(pushed)
+                // Owned by the iterator, which lives across the pushes' awaits.
+                let profiles = (0..hours * PER_HOUR as u64).map(move |n| {
+                    let (hour, i) = (n / PER_HOUR as u64, n % PER_HOUR as u64);
+                    let start = (day + hour * HOUR + i * 10 * NS) as i64;
+                    let (end, kind, labels) = (start + 10 * NS as i64, "cpu".to_string(), labels.clone());
+                    Profile { sequence: n + 1, kind, start_unix_nanos: start, end_unix_nanos: end, labels, pprof_gzip: templates[service][i as usize].0.clone() }
+                });
+                push_batches(&mut client, &agent, profiles, 16).await
             }));
         }
         let mut pushed = 0;

@@ -14,6 +14,7 @@ mod mappings;
 mod net;
 mod offcpu;
 mod oncpu;
+mod pushing;
 mod python;
 mod soak;
 mod synthetic;

@@ -12,7 +12,7 @@ use std::{
 };
 
 use anyhow::{ensure, Result};
-use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, Profile, PushRequest};
+use ember_proto::ember::{collector_client::CollectorClient, AgentIdentity, Profile};
 use ember_tests::{
     browser::Browser,
     http_get,
@@ -23,7 +23,9 @@ use prost::Message as _;
 use serde_json::json;
 
 use super::{
-    empty_dir, wait_for_rollups,
+    empty_dir,
+    pushing::push_batches,
+    wait_for_rollups,
     synthetic::{profile, stacks, Random},
 };
 
@@ -42,12 +44,12 @@ fn fill(grpc: std::net::SocketAddr) -> Result<usize> {
         for host in 0..HOSTS {
             let (stacks, mut random) = (stacks(host), Random(host as u64 + 7));
             let agent = AgentIdentity { agent_id: format!("host-{host}"), hostname: format!("host-{host}"), version: "bench".into(), ..Default::default() };
-            let mut batch = Vec::new();
+            let mut profiles = Vec::new();
             for interval in 0..INTERVALS {
                 let start = now - (INTERVALS - interval) as i64 * 10_000_000_000;
                 let pprof_gzip = ember_tests::gzip(&profile(&stacks, &mut random).encode_to_vec());
                 bytes += pprof_gzip.len();
-                batch.push(Profile {
+                profiles.push(Profile {
                     sequence: interval as u64 + 1,
                     kind: "cpu".into(),
                     start_unix_nanos: start,
@@ -55,10 +57,8 @@ fn fill(grpc: std::net::SocketAddr) -> Result<usize> {
                     labels: HashMap::from([("service".to_string(), "checkout".to_string())]),
                     pprof_gzip,
                 });
-                if batch.len() == 60 {
-                    client.push(PushRequest { agent: Some(agent.clone()), profiles: std::mem::take(&mut batch) }).await?;
-                }
             }
+            push_batches(&mut client, &agent, profiles, 60).await?;
         }
         anyhow::Ok(bytes)
     })
