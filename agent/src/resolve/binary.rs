@@ -14,6 +14,9 @@ pub struct Binary {
     /// The lowest executable segment's (virtual address, file offset): where a process that
     /// runs the file has its code, from where the kernel says it loaded it.
     pub code_segment: Option<(u64, u64)>,
+    /// Whether a process that runs it has libraries mapped after its exec: it names a
+    /// loader (PT_INTERP). A static executable's code is all in place at exec.
+    pub loads_libraries: bool,
     /// (device, inode): identifies the file across processes.
     pub id: (u64, u64),
     pub size: u64,
@@ -30,7 +33,7 @@ impl Binary {
         use std::os::unix::fs::MetadataExt;
         let file = File::open(path).expect("opening a test binary");
         let meta = file.metadata().expect("its metadata");
-        Binary { path: path.to_string(), build_id: None, code_segment: None, id: (meta.dev(), meta.ino()), size: meta.len(), file, served: false }
+        Binary { path: path.to_string(), build_id: None, code_segment: None, loads_libraries: true, id: (meta.dev(), meta.ino()), size: meta.len(), file, served: false }
     }
 
     /// A path that reaches this exact file from the agent, whatever happens to the original.
@@ -56,22 +59,36 @@ impl Binary {
 pub type BinaryOpened = Box<dyn FnMut(&Binary) + Send>;
 
 /// What Ember keeps of a binary's ELF headers.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct ElfFacts {
     pub build_id: Option<String>,
     pub code_segment: Option<(u64, u64)>,
+    /// See `Binary::loads_libraries`; true where the headers do not tell.
+    pub loads_libraries: bool,
 }
 
-/// The GNU build id (in hex) and lowest executable segment of the ELF file `file`: read
-/// through bounded reads of the file (a crafted file's offsets are checked, never trusted).
+impl Default for ElfFacts {
+    fn default() -> ElfFacts {
+        ElfFacts { build_id: None, code_segment: None, loads_libraries: true }
+    }
+}
+
+/// The GNU build id (in hex), lowest executable segment and loader of the ELF file `file`:
+/// read through bounded reads of the file (a crafted file's offsets are checked, never
+/// trusted).
 pub fn elf_facts(file: &File) -> ElfFacts {
-    use object::Object as _;
+    use object::{read::elf::ProgramHeader as _, Object as _};
     let cache = object::read::ReadCache::new(file);
     let Ok(elf) = object::File::parse(&cache) else { return ElfFacts::default() };
     let id = elf.build_id().ok().flatten().filter(|id| !id.is_empty());
     let build_id = id.map(|id| id.iter().map(|b| format!("{b:02x}")).collect());
     let code_segment = executable_segments(&elf).iter().min_by_key(|s| s.address).map(|s| (s.address, s.file_range.0));
-    ElfFacts { build_id, code_segment }
+    let loads_libraries = match &elf {
+        object::File::Elf64(f) => f.elf_program_headers().iter().any(|h| h.p_type(f.endian()) == object::elf::PT_INTERP),
+        object::File::Elf32(f) => f.elf_program_headers().iter().any(|h| h.p_type(f.endian()) == object::elf::PT_INTERP),
+        _ => true,
+    };
+    ElfFacts { build_id, code_segment, loads_libraries }
 }
 
 /// The GNU build id of the ELF file `file`, in hex (`elf_facts`).
@@ -89,5 +106,19 @@ pub fn raise_open_file_limit() {
             limit.rlim_cur = limit.rlim_max;
             libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dynamic_executable_loads_libraries_and_a_static_one_does_not() {
+        let facts = |path: &str| elf_facts(&File::open(path).expect("a system binary"));
+        assert!(facts("/bin/true").loads_libraries);
+        // Debian's ldconfig is static-pie: no loader named.
+        assert!(!facts("/sbin/ldconfig").loads_libraries);
+        assert!(facts("/proc/self/status").loads_libraries, "what is not ELF tells nothing: read as before");
     }
 }

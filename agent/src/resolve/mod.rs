@@ -131,9 +131,14 @@ impl Resolver {
         // its earlier lives in this batch are read too late (their samples stay unnamed).
         let latest: HashMap<u32, u16> = events.iter().map(|e| (e.tgid, e.tag)).collect();
         for event in events.iter().filter(|e| latest.get(&e.tgid) == Some(&e.tag)) {
-            // A walk through unknown code: read the mappings again unless known code holds
-            // it (the programs tell each megabyte once per interval and life).
-            let read = event.pc == 0 || !self.processes.holds(event.tgid, event.tag, event.pc);
+            // An exec: read. A first event (pc 0): read unless this life was taken whole. A
+            // walk through unknown code: read again unless known code holds it (the programs
+            // tell each megabyte once per interval and life).
+            let read = match event.pc {
+                _ if event.at_exec == 1 => true,
+                0 => !self.processes.whole(event.tgid, event.tag),
+                pc => !self.processes.holds(event.tgid, event.tag, pc),
+            };
             tracing::debug!(tgid = event.tgid, tag = event.tag, pc = format_args!("{:#x}", event.pc), read, "process announced");
             // At exec, what the kernel told of the executable may be enough: no /proc read.
             let told = event.at_exec == 1 && read && self.processes.capture_exec(event.tgid, event.tag, &event.exe, &event.comm);

@@ -58,6 +58,9 @@ pub struct Process {
     /// Which life of its pid this is (`SampleKey::process_tag`), if the kernel announced it;
     /// None when read without an announcement (at start-up).
     tag: Option<u16>,
+    /// Its mappings are all it maps: a static executable taken at its exec. Its first event
+    /// then reads nothing (a dynamic one's reads the libraries mapped since).
+    whole: bool,
 }
 
 impl Process {
@@ -163,7 +166,7 @@ impl ProcessTable {
         }
         let name = untrusted::read_proc(Path::new(&format!("/proc/{tgid}/comm")), 64).unwrap_or_default().trim().to_string();
         let mappings = areas.into_iter().map(|area| self.mapping(&dir, area)).collect();
-        self.install(tgid, life.map(|life| life.tag), name, mappings);
+        self.install(tgid, life.map(|life| life.tag), name, mappings, false);
         metrics::add("ember_processes_captured_total", &[("from", "proc")], 1.0);
         true
     }
@@ -178,14 +181,16 @@ impl ProcessTable {
         let Some((_, file_offset)) = binary.code_segment.filter(|_| exe.code_start < exe.code_end) else { return false };
         let name = String::from_utf8_lossy(comm.split(|&b| b == 0).next().unwrap_or_default()).into_owned();
         // The kernel's start_code is where the lowest executable segment's first byte went.
+        let whole = !binary.loads_libraries;
         let code = Mapping { start: exe.code_start, end: exe.code_end, file_offset, target: MappingTarget::File(binary), python_trampolines: false };
-        self.install(tgid, Some(tag), name, vec![code]);
+        self.install(tgid, Some(tag), name, vec![code], whole);
         metrics::add("ember_processes_captured_total", &[("from", "exec")], 1.0);
         true
     }
 
-    /// Makes `mappings` those of `tgid`'s life `tag` (None: read at start-up, unannounced).
-    fn install(&mut self, tgid: u32, tag: Option<u16>, name: String, mappings: Vec<Mapping>) {
+    /// Makes `mappings` those of `tgid`'s life `tag` (None: read at start-up, unannounced),
+    /// `whole` if they are all it maps.
+    fn install(&mut self, tgid: u32, tag: Option<u16>, name: String, mappings: Vec<Mapping>, whole: bool) {
         // Read after all (a read can fail while the process execs): not a loss.
         self.unread.remove(&tgid);
         let perf_map = match self.processes.remove(&tgid) {
@@ -200,10 +205,15 @@ impl ProcessTable {
             }
             None => PerfMap::default(),
         };
-        let mut process = Process { name, mappings, perf_map, exited: false, tag };
+        let mut process = Process { name, mappings, perf_map, exited: false, tag, whole };
         process.find_python_trampolines(tgid);
         self.processes.insert(tgid, process);
         self.captured.push(tgid);
+    }
+
+    /// Whether `tgid`'s life `tag` was taken whole: nothing is mapped that was not read.
+    pub fn whole(&self, tgid: u32, tag: u16) -> bool {
+        self.processes.get(&tgid).is_some_and(|p| p.tag == Some(tag) && p.whole)
     }
 
     /// Whether a code mapping of `tgid`'s life `tag` read so far holds `addr`. (Not its data
@@ -334,8 +344,8 @@ impl ProcessTable {
         if let Some(binary) = self.binaries.get(&id).and_then(Weak::upgrade) {
             return Ok(binary);
         }
-        let ElfFacts { build_id, code_segment } = read_elf(&file)?;
-        let binary = Arc::new(Binary { path: path.to_string(), build_id, code_segment, id, size: meta.len(), file, served });
+        let ElfFacts { build_id, code_segment, loads_libraries } = read_elf(&file)?;
+        let binary = Arc::new(Binary { path: path.to_string(), build_id, code_segment, loads_libraries, id, size: meta.len(), file, served });
         self.binaries.insert(id, Arc::downgrade(&binary));
         if let Some(opened) = self.opened.as_mut() {
             opened(&binary);

@@ -128,7 +128,6 @@ pub fn wait_for_rollups(pid: u32, limit: Duration) -> Result<(f64, f64)> {
     }
 }
 
-/// A binary of the same build as this one (`cargo xtask bench` builds them all in release).
 /// An empty directory of this bench run, named `name`: for its builds and profiles.
 pub fn empty_dir(name: &str) -> Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("ember-bench-{name}-{}", std::process::id()));
@@ -137,6 +136,7 @@ pub fn empty_dir(name: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// A binary of the same build as this one (`cargo xtask bench` builds them all in release).
 pub fn release_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("ember-bench's own path");
     exe.parent().expect("target/release").join(name)
