@@ -34,19 +34,38 @@ impl ClickHouse {
         let bound = bind(db, selection, "", &read)?;
         let (with, raw, rolled) = (&bound.with, &bound.samples, &bound.rollups);
         // The profiles merged (those with a sample selected), and how many came from roll-ups:
-        // a roll-up row says how many profiles its group (see `rollups`) holds.
+        // a roll-up row says how many profiles its group (see `rollups`) holds. Without terms,
+        // every group of the kind is selected, and its build said what they hold.
+        let raw_counted = |source: &str, raw_profiles: &str, table: &str| {
+            format!(
+                "WITH {with} SELECT {source} AS source, materialize(toUInt64(0)) AS rolled, uniqExact(origin, sequence) AS n, min(start_ns) AS first_ns, \
+max(end_ns) AS last_ns FROM {db}.{table} WHERE {raw_profiles} GROUP BY source"
+            )
+        };
         let counted = |source: &str, [raw_profiles, rolled_groups]: [&str; 2], table: &str| {
             format!(
-                "SELECT * FROM (WITH {with} SELECT {source} AS source, materialize(toUInt64(0)) AS rolled, uniqExact(origin, sequence) AS n, min(start_ns) AS first_ns, \
-max(end_ns) AS last_ns FROM {db}.{table} WHERE {raw_profiles} GROUP BY source \
+                "SELECT * FROM ({} \
 UNION ALL SELECT source, materialize(toUInt64(1)) AS rolled, sum(group_profiles) AS n, min(group_first) AS first_ns, max(group_last) AS last_ns FROM \
 (WITH {with} SELECT {source} AS source, any(profiles) AS group_profiles, min(start_ns) AS group_first, max(end_ns) AS group_last \
 FROM {db}.rollups WHERE {rolled_groups} GROUP BY source, level, bucket, kind, origin, agent, host, label_keys, label_values) GROUP BY source) \
-FORMAT RowBinary"
+FORMAT RowBinary",
+                raw_counted(source, raw_profiles, table)
             )
         };
-        let answer = self.client.query(&counted(NO_SOURCE, [raw, rolled], "samples"), &bound.external, deadline)?;
         let (mut count, mut start, mut end) = (Merged::default(), u64::MAX, 0);
+        let answer = if !selection.selector.is_empty() {
+            self.client.query(&counted(NO_SOURCE, [raw, rolled], "samples"), &bound.external, deadline)?
+        } else {
+            if let Some(held) = read.held.get(selection.kind) {
+                let profiles = held.profiles as usize;
+                count.add(Merged { profiles, rolled_up: profiles });
+                (start, end) = (held.first_ns, held.last_ns);
+            }
+            match read.raw.is_empty() {
+                true => Vec::new(),
+                false => self.client.query(&format!("{} FORMAT RowBinary", raw_counted(NO_SOURCE, raw, "samples")), &bound.external, deadline)?,
+            }
+        };
         let mut r = Reader(&answer);
         while !r.is_empty() {
             let (_, rolled, profiles, first, last) = (r.str()?, r.u64()?, r.u64()? as usize, r.u64()?, r.u64()?);

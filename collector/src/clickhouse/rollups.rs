@@ -94,12 +94,19 @@ WHERE {range} GROUP BY {GROUP}) AS per_group USING ({GROUP})"
             &[],
             None,
         )?;
+        // Checked, and what the build holds per kind (the profiles of its groups, their first
+        // start and last end: what a query without terms counts), in one statement, so that
+        // on replicas both come from one replica's view.
         let checked = self.client.query(
             &format!(
                 // Current releases make a scalar subquery Nullable: ifNull keeps each a UInt64.
                 "SELECT ifNull((SELECT uniqExact(origin, sequence) FROM {db}.profiles WHERE {range}), toUInt64(0)), \
 ifNull((SELECT sum(samples) FROM {db}.profiles WHERE {range} AND {chosen}), toUInt64(0)), \
-ifNull((SELECT sum(sample_rows) FROM {db}.rollups WHERE {range} AND level = {level} AND bucket = {start} AND build = {build}), toUInt64(0)) \
+ifNull((SELECT sum(sample_rows) FROM {db}.rollups WHERE {range} AND level = {level} AND bucket = {start} AND build = {build}), toUInt64(0)), \
+groupArray(kind), groupArray(kind_profiles), groupArray(first), groupArray(last) FROM \
+(SELECT kind, sum(group_profiles) AS kind_profiles, min(group_first) AS first, max(group_last) AS last FROM \
+(SELECT kind, any(profiles) AS group_profiles, min(start_ns) AS group_first, max(end_ns) AS group_last FROM {db}.rollups \
+WHERE {range} AND level = {level} AND bucket = {start} AND build = {build} GROUP BY {GROUP}) GROUP BY kind) \
 FORMAT RowBinary"
             ),
             &[],
@@ -111,9 +118,14 @@ FORMAT RowBinary"
             tracing::debug!(level_seconds = level / 1_000_000_000, bucket = start, stored, now_stored, sample_rows, summed_rows, "a bucket changed while it was built");
             return Ok(false);
         }
-        let mut row = Writer::default();
-        row.date(start).u64(level).u64(start).u64(build).u64(stored);
-        self.client.insert(&format!("INSERT INTO {db}.builds"), row)?;
+        let (kinds, profiles, firsts, lasts) = (r.strs()?, r.u64s()?, r.u64s()?, r.u64s()?);
+        // One row per kind; a build of nothing but empty profiles still says it was made.
+        let mut rows = Writer::default();
+        let held = kinds.iter().zip(profiles).zip(firsts).zip(lasts).map(|(((kind, profiles), first), last)| (kind.as_str(), profiles, first, last));
+        for (kind, profiles, first, last) in held.chain(kinds.is_empty().then_some(("", 0, 0, 0))) {
+            rows.date(start).u64(level).u64(start).u64(build).u64(stored).str(kind).u64(profiles).u64(first).u64(last);
+        }
+        self.client.insert(&format!("INSERT INTO {db}.builds"), rows)?;
         Ok(true)
     }
 }

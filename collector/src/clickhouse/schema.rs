@@ -70,11 +70,19 @@ addresses Array(UInt64), locations Array(UInt64)",
     // `rollups`): `profiles` is how many profiles the row's group (agent, kind, profile
     // labels) holds, `start_ns` and `end_ns` the first start and last end among them,
     // `value_sums` the sums in floating point (an Int64 sum wraps), `sample_rows` how
-    // many sample rows it sums. Sharded as the samples they sum.
-    ("rollups", SAMPLE, ("MergeTree", ""), "PARTITION BY day ORDER BY (level, kind, bucket, stack)", "cityHash64(origin)"),
-    // One row per build of a bucket's roll-ups, written after them: how many profiles the
-    // bucket held when the build began. A build is read while its bucket holds that many.
-    ("builds", "profiles UInt64", ("MergeTree", ""), "PARTITION BY day ORDER BY (level, bucket)", "bucket"),
+    // many sample rows it sums. Sorted by host within a bucket, so that one host's range
+    // reads its own rows. Sharded as the samples they sum.
+    ("rollups", SAMPLE, ("MergeTree", ""), "PARTITION BY day ORDER BY (level, kind, bucket, host, stack)", "cityHash64(origin)"),
+    // Rows of a build of a bucket's roll-ups, one per kind, written after them in one insert:
+    // how many profiles the bucket held when the build began (a build is read while its
+    // bucket holds that many), and what the kind's roll-ups hold (see `rollups`).
+    (
+        "builds",
+        "profiles UInt64, kind String, kind_profiles UInt64, first_ns UInt64, last_ns UInt64",
+        ("MergeTree", ""),
+        "PARTITION BY day ORDER BY (level, bucket)",
+        "bucket",
+    ),
 ];
 
 /// Rows of a table partitioned by day whose profile starts in [from, to) (unix ns): the days

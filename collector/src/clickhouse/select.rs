@@ -88,9 +88,13 @@ pub fn bind<'a>(database: &str, selection: &Selection, group: &str, read: &Read)
         terms.u32(i as u32).str(key).str(value);
         with.push(format!("(SELECT key FROM terms WHERE n = {i}) AS k{i}"));
         with.push(format!("(SELECT value FROM terms WHERE n = {i}) AS v{i}"));
-        // The profile's own label decides where it has the key; else its samples'.
-        let term = |samples: &str| {
-            format!("multiIf(k{i} = 'agent', agent = v{i}, k{i} = 'host', host = v{i}, has(label_keys, k{i}), label_values[indexOf(label_keys, k{i})] = v{i}, {samples})")
+        // The agent's identity is a column, compared as one so that the roll-ups' sort key
+        // serves a host (the statement's text is chosen here from two names, never taken from
+        // the request). Other keys: the profile's own label where it has the key, else its
+        // samples'.
+        let term = |samples: &str| match key.as_str() {
+            "agent" | "host" => format!("{key} = v{i}"),
+            _ => format!("if(has(label_keys, k{i}), label_values[indexOf(label_keys, k{i})] = v{i}, {samples})"),
         };
         let sample_term = term(&format!("has(sample_keys, k{i}) AND sample_values[indexOf(sample_keys, k{i})] = v{i}"));
         samples.push(sample_term.clone());
