@@ -7,7 +7,7 @@
 //! did not see is counted. The allocator probes, once they take the budget, come out for
 //! good: their cost is the probed processes' own rate of calls, which the agent cannot
 //! foresee.
-use super::{Recent, CUT, LOW, TARGET};
+use super::{Recent, CUT, TARGET};
 use crate::kernel::{HostActivity, Paused, Unseen};
 
 /// What the last interval measured, as shares of one core unless said otherwise.
@@ -60,7 +60,11 @@ impl Pauses {
     /// What to pause or bring back for the next interval. Pauses off-CPU tracking when it
     /// costs more than its share even at the lowest rate; then exec captures, when what no
     /// rate lowers still takes the budget. Brings one back at a time, when what it cost
-    /// before, at the host's current activity, leaves the total under LOW of the budget.
+    /// before, at the host's current activity, leaves the total under TARGET of the budget,
+    /// the level the rates aim at: under it, what paused it (over CUT) cannot hold again.
+    /// Not under LOW, where the rates rise: the agent's own cost at a high rate (half the
+    /// budget at 999 Hz in 1 s intervals) would keep a source paused that costs next to
+    /// nothing back.
     pub(super) fn decide(&mut self, m: &Measured, activity: HostActivity, budget: f64) -> Paused {
         if !m.warm_up {
             self.rest.push(m.rest);
@@ -88,7 +92,7 @@ impl Pauses {
             next.exec_capture = true;
             self.process_ns = m.agent * 1e9 / activity.processes_per_s();
         }
-        let fits = |cost_back: f64| m.total + cost_back < LOW * budget;
+        let fits = |cost_back: f64| m.total + cost_back < TARGET * budget;
         if self.paused.exec_capture && fits(activity.processes_per_s() * self.process_ns / 1e9) {
             next.exec_capture = false;
         } else if self.paused.off_cpu && fits(activity.switches_per_s() * self.switch_run_ns / 1e9) {
@@ -160,6 +164,19 @@ mod tests {
         assert!(p.decide(&measured(0.002, 0.0, 0.002), activity(100_000, 0), BUDGET).off_cpu);
         // 1,000 switches a second: 0.03% back, room for it.
         assert!(!p.decide(&measured(0.002, 0.0, 0.002), activity(1_000, 0), BUDGET).off_cpu);
+    }
+
+    #[test]
+    fn off_cpu_comes_back_beside_an_agent_that_takes_half_the_budget() {
+        let mut p = pauses();
+        p.paused = Paused { off_cpu: true, ..Paused::default() };
+        p.switch_run_ns = 1_400.0;
+        // The quiet host after the workload: 140 switches a second cost 0.02% back, beside the
+        // agent's 0.55% at 999 Hz.
+        assert!(!p.decide(&measured(0.0055, 0.0, 0.0055), activity(140, 0), BUDGET).off_cpu);
+        // 2,000 switches a second would cost 0.28% back: past the target, still paused.
+        p.paused.off_cpu = true;
+        assert!(p.decide(&measured(0.0055, 0.0, 0.0055), activity(2_000, 0), BUDGET).off_cpu);
     }
 
     #[test]
