@@ -22,8 +22,11 @@ use crate::{
 
 /// Rates never fall below 1/MAX_CUT of the configured ones (1 Hz at least).
 const MAX_CUT: f64 = 10_000.0;
-/// Above CUT of the budget, cut to TARGET of it; raise rates only below LOW of it, by at most
-/// RAISE an interval, and never past TARGET. The margin under the budget covers the drift of
+/// Above CUT of the budget, cut to TARGET of it; raise rates only while the sources take
+/// under LOW/TARGET of the room TARGET leaves beside the fixed part (under LOW of the budget
+/// when nothing is fixed), by at most RAISE an interval, and never past TARGET. The room, not
+/// the budget: the agent's own cost at 999 Hz, about half the budget on a quiet host, would
+/// otherwise keep rates cut for good once a busy spell ended. The margin under the budget covers the drift of
 /// costs within an interval. After a cut, costs settle above the target (at lower rates a
 /// sample finds colder caches): 84-86% of the budget in the governor test, where a cut only
 /// above 90% left 10% of drift before the budget.
@@ -267,8 +270,9 @@ pub fn publish(rates: SamplingRates) {
 /// level, so its cost at full rate is `cost / level`. The room TARGET of the budget leaves
 /// beside `fixed` is shared by water filling: sources whose full cost fits an equal share
 /// keep it, the dearer ones are capped at an equal share of the rest. Above CUT of the
-/// budget (`total`), the levels go to that share at once; well under it, they rise towards it by at most
-/// RAISE a time (a cost measured at a low rate is a rough guide); in between they stay.
+/// budget (`total`), the levels go to that share at once; well within the room, they rise
+/// towards it by at most RAISE a time (a cost measured at a low rate is a rough guide); in
+/// between they stay.
 fn next_levels(levels: [f64; 3], costs: [f64; 3], fixed: f64, total: f64, budget: f64, frequency_governed: bool) -> [f64; 3] {
     let governed = |i: usize| (i != 0 || frequency_governed) && costs[i] > 0.0;
     let full = std::array::from_fn::<f64, 3, _>(|i| costs[i] / levels[i]);
@@ -283,16 +287,17 @@ fn next_levels(levels: [f64; 3], costs: [f64; 3], fixed: f64, total: f64, budget
         dear.remove(0);
     }
     let cap = room / dear.len().max(1) as f64;
+    let rising = total - fixed < LOW / TARGET * (TARGET * budget - fixed);
     let mut next = levels;
     // A cut source that recorded nothing costs nothing: it goes back up when there is room.
-    for i in (0..3).filter(|&i| (i != 0 || frequency_governed) && costs[i] == 0.0 && total < LOW * budget) {
+    for i in (0..3).filter(|&i| (i != 0 || frequency_governed) && costs[i] == 0.0 && rising) {
         next[i] = (levels[i] * RAISE).min(1.0);
     }
     for i in (0..3).filter(|&i| governed(i)) {
         let share = if dear.contains(&i) { (cap / full[i]).clamp(1.0 / MAX_CUT, 1.0) } else { 1.0 };
         if total > CUT * budget {
             next[i] = share.min(levels[i]);
-        } else if total < LOW * budget {
+        } else if rising {
             next[i] = share.min(levels[i] * RAISE).max(levels[i]);
         }
     }
@@ -389,6 +394,19 @@ mod tests {
         assert_eq!(levels[1], 0.1 * RAISE, "a source that recorded nothing rises too");
         let levels = next([0.4, 1.0, 1.0], [0.004, 0.0, 0.0], 0.0, true);
         assert!((levels[0] - 0.7).abs() < 1e-9, "{levels:?}");
+    }
+
+    #[test]
+    fn beside_an_agent_that_takes_half_the_budget_cut_rates_rise_again() {
+        // A quiet host after a busy spell: the agent alone takes 0.55% (999 Hz in 1 s
+        // intervals), the sources at the floor 0.01%. The total is over half the budget, yet
+        // the sources use a tenth of the 0.15% the target leaves them.
+        let floor = 1.0 / MAX_CUT;
+        let levels = next([floor; 3], [0.0001, 0.0, 0.0], 0.0055, true);
+        assert!(levels.iter().all(|&l| (l - floor * RAISE).abs() < 1e-12), "{levels:?}");
+        // Once they use most of that room, they stay.
+        let levels = [0.5, 0.25, 1.0];
+        assert_eq!(next(levels, [0.0008, 0.0004, 0.0], 0.0055, true), levels);
     }
 
     #[test]

@@ -62,7 +62,7 @@ impl Pauses {
     /// rate lowers still takes the budget. Brings one back at a time, when what it cost
     /// before, at the host's current activity, leaves the total under TARGET of the budget,
     /// the level the rates aim at: under it, what paused it (over CUT) cannot hold again.
-    /// Not under LOW, where the rates rise: the agent's own cost at a high rate (half the
+    /// Not under LOW of the budget: the agent's own cost at a high rate (half the
     /// budget at 999 Hz in 1 s intervals) would keep a source paused that costs next to
     /// nothing back.
     pub(super) fn decide(&mut self, m: &Measured, activity: HostActivity, budget: f64) -> Paused {
