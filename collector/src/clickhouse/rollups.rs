@@ -30,6 +30,12 @@ const ROUND: std::time::Duration = std::time::Duration::from_secs(5);
 const GROUP: &str = "kind, origin, agent, host, label_keys, label_values";
 /// What a roll-up row sums over: the samples of one stack and sample labels.
 const SUMMED_BY: &str = "sample_keys, sample_values, sample_num_keys, sample_nums, stack";
+/// Roll-up rows that sum a bucket's agents together (one group per kind, with no origin,
+/// agent, host or labels, and no profiles or sample rows of its own): what a question about
+/// the whole fleet reads, a fraction of the per-agent rows where hosts share their stacks.
+pub const FLEET: &str = "origin = ''";
+/// The per-agent roll-up rows.
+pub const PER_AGENT: &str = "origin != ''";
 
 impl ClickHouse {
     /// Builds the roll-ups of the buckets that ended `delay` before `now` (unix ns), within
@@ -67,8 +73,8 @@ impl ClickHouse {
         Ok(built)
     }
 
-    /// Builds one bucket's roll-ups, `stored` being the profiles it holds now: its rows first,
-    /// then the build's row, which makes them readable; returns whether it made that row. A
+    /// Builds one bucket's roll-ups, `stored` being the profiles it holds now: its per-agent
+    /// rows first, the fleet's summed from them, then the build's row, which makes them readable; returns whether it made that row. A
     /// profile stored meanwhile may be in the rows or not: either way the bucket holds more
     /// than `stored`, so this build would not be read, and a later one is made.
     ///
@@ -94,6 +100,16 @@ WHERE {range} GROUP BY {GROUP}) AS per_group USING ({GROUP})"
             &[],
             None,
         )?;
+        self.client.query(
+            &format!(
+                "INSERT INTO {db}.rollups (day, level, bucket, build, start_ns, end_ns, {GROUP}, profiles, {SUMMED_BY}, values, value_sums, sample_rows) \
+SELECT any(day), {level}, {start}, {build}, min(start_ns), max(end_ns), kind, '', '', '', emptyArrayString(), emptyArrayString(), toUInt64(0), \
+{SUMMED_BY}, sumForEach(values), sumForEach(value_sums), toUInt64(0) FROM {db}.rollups \
+WHERE {range} AND level = {level} AND bucket = {start} AND build = {build} AND {PER_AGENT} GROUP BY kind, {SUMMED_BY}"
+            ),
+            &[],
+            None,
+        )?;
         // Checked, and what the build holds per kind (the profiles of its groups, their first
         // start and last end: what a query without terms counts), in one statement, so that
         // on replicas both come from one replica's view.
@@ -102,11 +118,12 @@ WHERE {range} GROUP BY {GROUP}) AS per_group USING ({GROUP})"
                 // Current releases make a scalar subquery Nullable: ifNull keeps each a UInt64.
                 "SELECT ifNull((SELECT uniqExact(origin, sequence) FROM {db}.profiles WHERE {range}), toUInt64(0)), \
 ifNull((SELECT sum(samples) FROM {db}.profiles WHERE {range} AND {chosen}), toUInt64(0)), \
-ifNull((SELECT sum(sample_rows) FROM {db}.rollups WHERE {range} AND level = {level} AND bucket = {start} AND build = {build}), toUInt64(0)), \
+ifNull((SELECT sum(sample_rows) FROM {db}.rollups WHERE {range} AND level = {level} AND bucket = {start} AND build = {build} AND {PER_AGENT}), \
+toUInt64(0)), \
 groupArray(kind), groupArray(kind_profiles), groupArray(first), groupArray(last) FROM \
 (SELECT kind, sum(group_profiles) AS kind_profiles, min(group_first) AS first, max(group_last) AS last FROM \
 (SELECT kind, any(profiles) AS group_profiles, min(start_ns) AS group_first, max(end_ns) AS group_last FROM {db}.rollups \
-WHERE {range} AND level = {level} AND bucket = {start} AND build = {build} GROUP BY {GROUP}) GROUP BY kind) \
+WHERE {range} AND level = {level} AND bucket = {start} AND build = {build} AND {PER_AGENT} GROUP BY {GROUP}) GROUP BY kind) \
 FORMAT RowBinary"
             ),
             &[],

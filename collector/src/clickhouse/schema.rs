@@ -70,8 +70,9 @@ addresses Array(UInt64), locations Array(UInt64)",
     // `rollups`): `profiles` is how many profiles the row's group (agent, kind, profile
     // labels) holds, `start_ns` and `end_ns` the first start and last end among them,
     // `value_sums` the sums in floating point (an Int64 sum wraps), `sample_rows` how
-    // many sample rows it sums. Sorted by host within a bucket, so that one host's range
-    // reads its own rows. Sharded as the samples they sum.
+    // many sample rows it sums. Each build also sums its agents' rows together, rows
+    // without an origin (see `rollups::FLEET`). Sorted by host within a bucket, so that one
+    // host's range, or the fleet's, reads its own rows. Sharded as the samples they sum.
     ("rollups", SAMPLE, ("MergeTree", ""), "PARTITION BY day ORDER BY (level, kind, bucket, host, stack)", "cityHash64(origin)"),
     // Rows of a build of a bucket's roll-ups, one per kind, written after them in one insert:
     // how many profiles the bucket held when the build began (a build is read while its

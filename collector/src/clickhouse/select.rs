@@ -8,6 +8,7 @@ use anyhow::{bail, Result};
 use super::{
     client::External,
     plan::Read,
+    rollups::{FLEET, PER_AGENT},
     row_binary::Writer,
     schema::{one_copy, starts_in},
 };
@@ -23,7 +24,8 @@ pub struct Bound<'a> {
     /// Conditions on the samples table: kind, range, the copy each profile is read from, terms,
     /// and outside the roll-ups read.
     pub samples: String,
-    /// Conditions on the rollups table: kind, one of the roll-ups read, terms.
+    /// Conditions on the rollups table: kind, one of the roll-ups read, the fleet's rows or
+    /// the agents', terms.
     pub rollups: String,
     /// Conditions on the profiles table: kind and range.
     pub profiles: String,
@@ -68,7 +70,10 @@ pub fn bind<'a>(database: &str, selection: &Selection, group: &str, read: &Read)
     let raw_profiles = format!("kind = (SELECT kind FROM args) AND {raw}");
     let mut samples = vec![format!("kind = the_kind AND {raw}"), one_copy(database, &raw_profiles)];
     let mut whole = vec![format!("kind = the_kind AND {raw}")];
-    let mut rollups = vec![format!("kind = the_kind AND {range} AND bucket >= {from} AND bucket < {to}")];
+    // A question about every agent at once reads the fleet's roll-up rows; one with terms, or
+    // of a kind whose held values are averaged per agent, the per-agent ones.
+    let fleet = selection.selector.is_empty() && !ember_pprof::kind_holds(selection.kind);
+    let mut rollups = vec![format!("kind = the_kind AND {range} AND bucket >= {from} AND bucket < {to} AND {}", if fleet { FLEET } else { PER_AGENT })];
     let (parts, mut read_parts) = (&read.parts, Writer::default());
     if parts.is_empty() {
         rollups.push("0".into());
