@@ -13,6 +13,7 @@ use ember_proto::pprof::{Profile, ValueType};
 use super::{
     client::External,
     plan::Read,
+    rollups::GROUP,
     row_binary::{Reader, Writer},
     schema::one_copy,
     select::{bind, Bound, GROUP_VALUE},
@@ -47,7 +48,7 @@ max(end_ns) AS last_ns FROM {db}.{table} WHERE {raw_profiles} GROUP BY source"
                 "SELECT * FROM ({} \
 UNION ALL SELECT source, materialize(toUInt64(1)) AS rolled, sum(group_profiles) AS n, min(group_first) AS first_ns, max(group_last) AS last_ns FROM \
 (WITH {with} SELECT {source} AS source, any(profiles) AS group_profiles, min(start_ns) AS group_first, max(end_ns) AS group_last \
-FROM {db}.rollups WHERE {rolled_groups} GROUP BY source, level, bucket, kind, origin, agent, host, label_keys, label_values) GROUP BY source) \
+FROM {db}.rollups WHERE {rolled_groups} GROUP BY source, level, bucket, {GROUP}) GROUP BY source) \
 FORMAT RowBinary",
                 raw_counted(source, raw_profiles, table)
             )

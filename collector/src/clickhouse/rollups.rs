@@ -27,7 +27,7 @@ const LOOKBACK: u64 = 24 * 3600 * 1_000_000_000;
 const ROUND: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What a group of roll-up rows shares: one agent's profiles of one kind and labels.
-const GROUP: &str = "kind, origin, agent, host, label_keys, label_values";
+pub const GROUP: &str = "kind, origin, agent, host, label_keys, label_values";
 /// What a roll-up row sums over: the samples of one stack and sample labels.
 const SUMMED_BY: &str = "sample_keys, sample_values, sample_num_keys, sample_nums, stack";
 /// Roll-up rows that sum a bucket's agents together (one group per kind, with no origin,
@@ -118,11 +118,10 @@ WHERE {range} AND level = {level} AND bucket = {start} AND build = {build} AND {
                 // Current releases make a scalar subquery Nullable: ifNull keeps each a UInt64.
                 "SELECT ifNull((SELECT uniqExact(origin, sequence) FROM {db}.profiles WHERE {range}), toUInt64(0)), \
 ifNull((SELECT sum(samples) FROM {db}.profiles WHERE {range} AND {chosen}), toUInt64(0)), \
-ifNull((SELECT sum(sample_rows) FROM {db}.rollups WHERE {range} AND level = {level} AND bucket = {start} AND build = {build} AND {PER_AGENT}), \
-toUInt64(0)), \
-groupArray(kind), groupArray(kind_profiles), groupArray(first), groupArray(last) FROM \
-(SELECT kind, sum(group_profiles) AS kind_profiles, min(group_first) AS first, max(group_last) AS last FROM \
-(SELECT kind, any(profiles) AS group_profiles, min(start_ns) AS group_first, max(end_ns) AS group_last FROM {db}.rollups \
+sum(kind_rows), groupArray(kind), groupArray(kind_profiles), groupArray(first), groupArray(last) FROM \
+(SELECT kind, sum(group_profiles) AS kind_profiles, min(group_first) AS first, max(group_last) AS last, sum(group_rows) AS kind_rows FROM \
+(SELECT kind, any(profiles) AS group_profiles, min(start_ns) AS group_first, max(end_ns) AS group_last, sum(sample_rows) AS group_rows \
+FROM {db}.rollups \
 WHERE {range} AND level = {level} AND bucket = {start} AND build = {build} AND {PER_AGENT} GROUP BY {GROUP}) GROUP BY kind) \
 FORMAT RowBinary"
             ),
