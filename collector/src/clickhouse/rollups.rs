@@ -31,8 +31,8 @@ pub const GROUP: &str = "kind, origin, agent, host, label_keys, label_values";
 /// What a roll-up row sums over: the samples of one stack and sample labels.
 const SUMMED_BY: &str = "sample_keys, sample_values, sample_num_keys, sample_nums, stack";
 /// Roll-up rows that sum a bucket's agents together (one group per kind, with no origin,
-/// agent, host or labels, and no profiles or sample rows of its own): what a question about
-/// the whole fleet reads, a fraction of the per-agent rows where hosts share their stacks.
+/// agent, host or labels, and no profiles of its own): what a question about the whole fleet
+/// reads, a fraction of the per-agent rows where hosts share their stacks.
 pub const FLEET: &str = "origin = ''";
 /// The per-agent roll-up rows.
 pub const PER_AGENT: &str = "origin != ''";
@@ -104,7 +104,7 @@ WHERE {range} GROUP BY {GROUP}) AS per_group USING ({GROUP})"
             &format!(
                 "INSERT INTO {db}.rollups (day, level, bucket, build, start_ns, end_ns, {GROUP}, profiles, {SUMMED_BY}, values, value_sums, sample_rows) \
 SELECT any(day), {level}, {start}, {build}, min(start_ns), max(end_ns), kind, '', '', '', emptyArrayString(), emptyArrayString(), toUInt64(0), \
-{SUMMED_BY}, sumForEach(values), sumForEach(value_sums), toUInt64(0) FROM {db}.rollups \
+{SUMMED_BY}, sumForEach(values), sumForEach(value_sums), sum(sample_rows) FROM {db}.rollups \
 WHERE {range} AND level = {level} AND bucket = {start} AND build = {build} AND {PER_AGENT} GROUP BY kind, {SUMMED_BY}"
             ),
             &[],
@@ -112,26 +112,32 @@ WHERE {range} AND level = {level} AND bucket = {start} AND build = {build} AND {
         )?;
         // Checked, and what the build holds per kind (the profiles of its groups, their first
         // start and last end: what a query without terms counts), in one statement, so that
-        // on replicas both come from one replica's view.
+        // on replicas both come from one replica's view. The agents' rows and the fleet's
+        // must each sum every sample row: through a Distributed table the agents' rows may
+        // reach their shards after the fleet's were summed from them.
         let checked = self.client.query(
             &format!(
                 // Current releases make a scalar subquery Nullable: ifNull keeps each a UInt64.
                 "SELECT ifNull((SELECT uniqExact(origin, sequence) FROM {db}.profiles WHERE {range}), toUInt64(0)), \
 ifNull((SELECT sum(samples) FROM {db}.profiles WHERE {range} AND {chosen}), toUInt64(0)), \
-sum(kind_rows), groupArray(kind), groupArray(kind_profiles), groupArray(first), groupArray(last) FROM \
-(SELECT kind, sum(group_profiles) AS kind_profiles, min(group_first) AS first, max(group_last) AS last, sum(group_rows) AS kind_rows FROM \
-(SELECT kind, any(profiles) AS group_profiles, min(start_ns) AS group_first, max(end_ns) AS group_last, sum(sample_rows) AS group_rows \
-FROM {db}.rollups \
-WHERE {range} AND level = {level} AND bucket = {start} AND build = {build} AND {PER_AGENT} GROUP BY {GROUP}) GROUP BY kind) \
+sum(kind_rows), sum(fleet_rows), groupArray(kind), groupArray(kind_profiles), groupArray(first), groupArray(last) FROM \
+(SELECT kind, sumIf(group_profiles, agents) AS kind_profiles, minIf(group_first, agents) AS first, maxIf(group_last, agents) AS last, \
+sumIf(group_rows, agents) AS kind_rows, sumIf(group_rows, NOT agents) AS fleet_rows FROM \
+(SELECT kind, ({PER_AGENT}) AS agents, any(profiles) AS group_profiles, min(start_ns) AS group_first, max(end_ns) AS group_last, \
+sum(sample_rows) AS group_rows FROM {db}.rollups \
+WHERE {range} AND level = {level} AND bucket = {start} AND build = {build} GROUP BY {GROUP}) GROUP BY kind) \
 FORMAT RowBinary"
             ),
             &[],
             None,
         )?;
         let mut r = Reader(&checked);
-        let (now_stored, sample_rows, summed_rows) = (r.u64()?, r.u64()?, r.u64()?);
-        if now_stored != stored || sample_rows != summed_rows {
-            tracing::debug!(level_seconds = level / 1_000_000_000, bucket = start, stored, now_stored, sample_rows, summed_rows, "a bucket changed while it was built");
+        let (now_stored, sample_rows, summed_rows, fleet_rows) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+        if now_stored != stored || sample_rows != summed_rows || fleet_rows != summed_rows {
+            tracing::debug!(
+                level_seconds = level / 1_000_000_000, bucket = start, stored, now_stored, sample_rows, summed_rows, fleet_rows,
+                "a bucket changed while it was built"
+            );
             return Ok(false);
         }
         let (kinds, profiles, firsts, lasts) = (r.strs()?, r.u64s()?, r.u64s()?, r.u64s()?);
