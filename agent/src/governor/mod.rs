@@ -26,8 +26,8 @@ const MAX_CUT: f64 = 10_000.0;
 /// under LOW/TARGET of the room TARGET leaves beside the fixed part (under LOW of the budget
 /// when nothing is fixed), by at most RAISE an interval, and never past TARGET. The room, not
 /// the budget: the agent's own cost at 999 Hz, about half the budget on a quiet host, would
-/// otherwise keep rates cut for good once a busy spell ended. The margin under the budget covers the drift of
-/// costs within an interval. After a cut, costs settle above the target (at lower rates a
+/// otherwise keep rates cut for good once a busy spell ended. The margin under the budget
+/// covers the drift of costs within an interval. After a cut, costs settle above the target (at lower rates a
 /// sample finds colder caches): 84-86% of the budget in the governor test, where a cut only
 /// above 90% left 10% of drift before the budget.
 const CUT: f64 = 0.8;

@@ -74,9 +74,10 @@ impl ClickHouse {
     }
 
     /// Builds one bucket's roll-ups, `stored` being the profiles it holds now: its per-agent
-    /// rows first, the fleet's summed from them, then the build's row, which makes them readable; returns whether it made that row. A
-    /// profile stored meanwhile may be in the rows or not: either way the bucket holds more
-    /// than `stored`, so this build would not be read, and a later one is made.
+    /// rows first, the fleet's summed from them, then the build's row, which makes them
+    /// readable; returns whether it made that row. A profile stored meanwhile may be in the
+    /// rows or not: either way the bucket holds more than `stored`, so this build would not be
+    /// read, and a later one is made.
     ///
     /// Before the row is written, the build is checked against the bucket as it is then: the
     /// same profiles, and every sample row of them summed. On replicas, which copy each table
@@ -88,6 +89,7 @@ impl ClickHouse {
         let build = unique_id();
         let range = starts_in(start, start + level);
         let chosen = one_copy(db, &range);
+        let this_build = format!("{range} AND level = {level} AND bucket = {start} AND build = {build}");
         self.client.query(
             &format!(
                 "INSERT INTO {db}.rollups (day, level, bucket, build, start_ns, end_ns, {GROUP}, profiles, {SUMMED_BY}, values, value_sums, sample_rows) \
@@ -105,7 +107,7 @@ WHERE {range} GROUP BY {GROUP}) AS per_group USING ({GROUP})"
                 "INSERT INTO {db}.rollups (day, level, bucket, build, start_ns, end_ns, {GROUP}, profiles, {SUMMED_BY}, values, value_sums, sample_rows) \
 SELECT any(day), {level}, {start}, {build}, min(start_ns), max(end_ns), kind, '', '', '', emptyArrayString(), emptyArrayString(), toUInt64(0), \
 {SUMMED_BY}, sumForEach(values), sumForEach(value_sums), sum(sample_rows) FROM {db}.rollups \
-WHERE {range} AND level = {level} AND bucket = {start} AND build = {build} AND {PER_AGENT} GROUP BY kind, {SUMMED_BY}"
+WHERE {this_build} AND {PER_AGENT} GROUP BY kind, {SUMMED_BY}"
             ),
             &[],
             None,
@@ -125,7 +127,7 @@ sum(kind_rows), sum(fleet_rows), groupArray(kind), groupArray(kind_profiles), gr
 sumIf(group_rows, agents) AS kind_rows, sumIf(group_rows, NOT agents) AS fleet_rows FROM \
 (SELECT kind, ({PER_AGENT}) AS agents, any(profiles) AS group_profiles, min(start_ns) AS group_first, max(end_ns) AS group_last, \
 sum(sample_rows) AS group_rows FROM {db}.rollups \
-WHERE {range} AND level = {level} AND bucket = {start} AND build = {build} GROUP BY {GROUP}) GROUP BY kind) \
+WHERE {this_build} GROUP BY {GROUP}) GROUP BY kind) \
 FORMAT RowBinary"
             ),
             &[],
