@@ -25,8 +25,10 @@ fn record(dir: &TempDir, fixture: Fixture, pid: u32) -> (Vec<Sample>, FixtureRun
 }
 
 /// What the split fixture must show, whatever the interpreter: its samples with Python
-/// frames, hot_a and hot_b in their split, each under dispatch under <module>. Returns the
-/// findings as one line, and what is wrong, if anything.
+/// frames, hot_a and hot_b in their split, each under dispatch under <module>, and below the
+/// Python frames one and the same native start-up, complete (the walk keeps it per thread
+/// and copies it: a copy of another thread's or an old one would show as a second). Returns
+/// the findings as one line, and what is wrong, if anything.
 fn split_findings(name: &str, samples: &[Sample], run: &FixtureRun) -> (String, Vec<String>) {
     let python_frame = |s: &Sample, function: &str| s.frames.iter().position(|f| f.function == function && f.mapping == "[python]");
     let total = |filter: &dyn Fn(&Sample) -> bool| -> i64 { samples.iter().filter(|s| filter(s)).map(|s| s.values[0]).sum() };
@@ -38,6 +40,14 @@ fn split_findings(name: &str, samples: &[Sample], run: &FixtureRun) -> (String, 
         matches!((hot, python_frame(s, "dispatch"), python_frame(s, "<module>")), (Some(h), Some(d), Some(m)) if h < d && d < m)
     };
     let ordered = total(&in_order);
+    // The frames below the last Python frame, by weight.
+    let mut tails: HashMap<Vec<&str>, i64> = HashMap::new();
+    for s in samples {
+        if let Some(last) = s.frames.iter().rposition(|f| f.mapping == "[python]") {
+            *tails.entry(s.frames[last + 1..].iter().map(|f| f.function.as_str()).collect()).or_default() += s.values[0];
+        }
+    }
+    let (tail, tail_weight) = tails.iter().max_by_key(|(_, &w)| w).map(|(t, &w)| (t.clone(), w)).unwrap_or_default();
     let truth = run.lines[0][1] as f64 / run.lines[0][0] as f64;
     let share = a as f64 / (a + b).max(1) as f64;
     let line = format!("{name}: {all} samples, {with_python} with Python frames, hot_a {a} hot_b {b} ({share:.3}, truth {truth:.3}), {ordered} in order");
@@ -47,6 +57,13 @@ fn split_findings(name: &str, samples: &[Sample], run: &FixtureRun) -> (String, 
     }
     if (share - truth).abs() > 0.02 {
         problems.push("hot_a's share is not the fixture's".to_string());
+    }
+    let complete = !tail.is_empty() && !tail.iter().any(|f| f.starts_with("[truncated") || f.starts_with("[walked by"));
+    if !complete || (tail_weight as f64) < 0.99 * with_python as f64 {
+        let mut shown: Vec<(&Vec<&str>, &i64)> = tails.iter().collect();
+        shown.sort_by_key(|(_, &w)| -w);
+        let shown: Vec<String> = shown.iter().take(3).map(|(t, w)| format!("{w} x {}", t.join(" < "))).collect();
+        problems.push(format!("the native frames below the Python ones are not one complete start-up: {}", shown.join(" | ")));
     }
     if (ordered as f64) < 0.95 * (a + b) as f64 {
         let mut others: Vec<&Sample> = samples.iter().filter(|s| !in_order(s)).collect();
@@ -80,6 +97,14 @@ fn python_functions_are_walked_in_every_cpython_in_their_split_and_order() {
             println!("{line}");
             problems.extend(found.into_iter().map(|p| format!("{name}: {p}")));
             report.push(line);
+        }
+        // Each thread's start-up is walked once per CPU, then copied.
+        let recorded = Decoded::read(&dir.path("p.pb.gz"));
+        let (kept, walks) = (recorded.counter("unwind_tails_kept"), recorded.counter("python_complete"));
+        let line = format!("{}: {kept} of {walks} complete Python walks copied the frames below the evaluation loop", pair.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(" and "));
+        println!("{line}");
+        if (kept as f64) < 0.9 * walks as f64 {
+            problems.push(line);
         }
     }
     assert!(problems.is_empty(), "{}\n{}", problems.join("\n"), report.join("\n"));

@@ -60,7 +60,8 @@ struct BenchArgs {
     #[arg(long)]
     debug_binary: bool,
     /// fleet: which half, ingest (pushes for --seconds) or query (a day of --hosts hosts).
-    #[arg(long, value_parser = ["ingest", "query", "all"], default_value = "all")]
+    /// python: cost runs only the BPF cost per sample beside bpftrace's.
+    #[arg(long, value_parser = ["ingest", "query", "cost", "all"], default_value = "all")]
     part: String,
     /// fleet: the fleet sizes whose day is queried (multiples of 5).
     #[arg(long, value_delimiter = ',', default_value = "5,100")]
@@ -89,7 +90,7 @@ fn bench(args: BenchArgs) -> Result<()> {
         "transport" => transport::run(),
         "unwind" => unwind::run(),
         "jit" => jit::run(args.seconds),
-        "python" => python::run(args.seconds, &args.frequencies),
+        "python" => python::run(args.seconds, &args.frequencies, args.part == "cost"),
         "churn" => churn::run(args.seconds),
         "faults" => faults::run(args.seconds),
         "alloc" => alloc::run(args.seconds),

@@ -37,13 +37,18 @@ const MARGIN: Duration = Duration::from_millis(500);
 /// How long past its length a worker may take to finish before it counts as stopped.
 const STOPPED: Duration = Duration::from_secs(20);
 
-pub fn run(seconds: u64, frequencies: &[u64]) -> Result<()> {
+/// `cost_only`: only the BPF cost per sample, beside bpftrace's.
+pub fn run(seconds: u64, frequencies: &[u64], cost_only: bool) -> Result<()> {
     ensure!(Path::new(PYTHON).is_file(), "no {PYTHON}: run `cargo xtask setup`");
     let window = Duration::from_secs(seconds);
     println!("bench python: {WORKERS} busy {PYTHON} processes (split.py), {seconds}s measured per run");
     let mut rows = Vec::new();
     let mut together = Vec::new();
     for &hz in frequencies {
+        if cost_only {
+            together.push((hz, bpf_at_once(hz, window)?));
+            continue;
+        }
         // The workload alone before and after the profilers' runs: the host's speed drifts
         // from minute to minute, and their mean is the baseline of this rate's rows.
         let before = measure(Peer::Nothing, 0, window)?.throughput;
@@ -54,17 +59,47 @@ pub fn run(seconds: u64, frequencies: &[u64]) -> Result<()> {
         together.push((hz, bpf_at_once(hz, window)?));
         println!("  bpftrace and ember-agent at once {hz:>4} Hz: done");
     }
-    let many: Vec<(Peer, Many)> = [Peer::PySpy, Peer::Ember].into_iter().map(|peer| Ok((peer, many(peer, window)?))).collect::<Result<_>>()?;
-    println!("  {MANY} processes: done");
+    let many: Vec<(Peer, Many)> = if cost_only {
+        Vec::new()
+    } else {
+        let many = [Peer::PySpy, Peer::Ember].into_iter().map(|peer| Ok((peer, many(peer, window)?))).collect::<Result<_>>()?;
+        println!("  {MANY} processes: done");
+        many
+    };
 
     println!();
     println!(
-        "Command: cargo xtask bench python --seconds {seconds} --frequencies {}",
-        frequencies.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+        "Command: cargo xtask bench python --seconds {seconds} --frequencies {}{}",
+        frequencies.iter().map(u64::to_string).collect::<Vec<_>>().join(","),
+        if cost_only { " --part cost" } else { "" }
     );
+    if !cost_only {
+        print_rows(&rows);
+    }
+    println!("At once: bpftrace `profile:hz:N {{ @[kstack, ustack, comm] = count(); }}` and ember-agent, BPF ns/sample over one window");
+    println!("| Hz | bpftrace profile | ember-agent | ember-agent / bpftrace |");
+    println!("|---|---|---|---|");
+    for (hz, (bpftrace, ember)) in together {
+        println!("| {hz} | {bpftrace:.0} | {ember:.0} | {:.2}x |", ember / bpftrace);
+    }
+    if !cost_only {
+        println!();
+        println!("{MANY} Python processes at once, 99 Hz (py-spy: one process per target, figures summed)");
+        println!("| profiler | processes with hot_* named | processes it kept stopped | CPU % of one core | peak RSS MiB | BPF map MiB |");
+        println!("|---|---|---|---|---|---|");
+        for (peer, m) in many {
+            println!("| {} | {} of {MANY} | {} | {:.3} | {:.1} | {} |", peer.name(), m.named, m.stopped, m.total_percent, m.peak_rss_mib, opt(m.map_mib, 1));
+        }
+    }
+    Ok(())
+}
+
+/// Each profiler's row at each rate, against py-spy's at that rate and the workload's
+/// throughput alone (`baseline`).
+fn print_rows(rows: &[(u64, Peer, Measured, f64)]) {
     println!("| profiler | Hz | CPU % of one core | BPF % | total % | total vs py-spy | peak RSS MiB | throughput vs none | hot_a share (truth 0.70) |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    for (hz, peer, m, baseline) in &rows {
+    for (hz, peer, m, baseline) in rows {
         let spy = rows.iter().find(|(h, p, _, _)| h == hz && *p == Peer::PySpy).map(|(_, _, m, _)| m.total_percent());
         println!(
             "| {} | {hz} | {:.3} | {:.3} | {:.3} | {:.2}x | {:.1} | {:.3} | {} |",
@@ -79,20 +114,6 @@ pub fn run(seconds: u64, frequencies: &[u64]) -> Result<()> {
         );
     }
     println!();
-    println!("At once: bpftrace `profile:hz:N {{ @[kstack, ustack, comm] = count(); }}` and ember-agent, BPF ns/sample over one window");
-    println!("| Hz | bpftrace profile | ember-agent | ember-agent / bpftrace |");
-    println!("|---|---|---|---|");
-    for (hz, (bpftrace, ember)) in together {
-        println!("| {hz} | {bpftrace:.0} | {ember:.0} | {:.2}x |", ember / bpftrace);
-    }
-    println!();
-    println!("{MANY} Python processes at once, 99 Hz (py-spy: one process per target, figures summed)");
-    println!("| profiler | processes with hot_* named | processes it kept stopped | CPU % of one core | peak RSS MiB | BPF map MiB |");
-    println!("|---|---|---|---|---|---|");
-    for (peer, m) in many {
-        println!("| {} | {} of {MANY} | {} | {:.3} | {:.1} | {} |", peer.name(), m.named, m.stopped, m.total_percent, m.peak_rss_mib, opt(m.map_mib, 1));
-    }
-    Ok(())
 }
 
 #[derive(Clone, Copy, PartialEq)]
