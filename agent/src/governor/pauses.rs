@@ -38,7 +38,8 @@ pub(super) struct Pauses {
     /// An off-CPU run's cost (ns) when tracking was paused.
     switch_run_ns: f64,
     /// The agent's CPU per started process (ns) when exec captures were paused: all of it,
-    /// so that they come back only with room to spare.
+    /// so that they come back only with room to spare, and at least twice the last pause's:
+    /// a capture that came back and had to be paused again cost more than was thought.
     process_ns: f64,
     /// The last intervals' `rest`.
     rest: Recent,
@@ -90,7 +91,10 @@ impl Pauses {
         let settled = (!self.off_cpu || self.paused.off_cpu) && self.rest.is_full();
         if !self.paused.exec_capture && settled && !m.warm_up && over && rest > TARGET * budget && activity.processes_per_s() >= 1.0 {
             next.exec_capture = true;
-            self.process_ns = m.agent * 1e9 / activity.processes_per_s();
+            // The recent intervals' cost, which paused them, not only this one's: a pause
+            // decided in a cheap interval would otherwise bring them back at once.
+            let estimate = m.agent.max(rest) * 1e9 / activity.processes_per_s();
+            self.process_ns = estimate.max(2.0 * self.process_ns);
         }
         let fits = |cost_back: f64| m.total + cost_back < TARGET * budget;
         if self.paused.exec_capture && fits(activity.processes_per_s() * self.process_ns / 1e9) {
@@ -219,6 +223,26 @@ mod tests {
         let quiet = measured(0.001, 0.0, 0.001);
         assert_eq!(p.decide(&quiet, activity(100, 1), BUDGET), Paused { off_cpu: true, ..Paused::default() });
         assert_eq!(p.decide(&quiet, activity(100, 1), BUDGET), Paused::default());
+    }
+
+    #[test]
+    fn exec_captures_that_had_to_be_paused_again_need_twice_the_room_to_come_back() {
+        let mut p = pauses();
+        p.off_cpu = false;
+        // 27 processes a second: three intervals at 10%, and the pause decided in a cheaper
+        // one (2%) still counts what the recent ones cost: 0.1 / 27 s a process.
+        let busy = measured(0.1, 0.0, 0.1);
+        p.decide(&busy, activity(0, 27), BUDGET);
+        p.decide(&busy, activity(0, 27), BUDGET);
+        assert!(p.decide(&measured(0.02, 0.0, 0.02), activity(0, 27), BUDGET).exec_capture);
+        assert!((p.process_ns - 0.1 * 1e9 / 27.0).abs() < 1.0, "{}", p.process_ns);
+        // Back when few processes start, paused again when they cost as much: twice the bar.
+        assert!(!p.decide(&measured(0.002, 0.0, 0.002), activity(0, 0), BUDGET).exec_capture);
+        for _ in 0..3 {
+            p.decide(&busy, activity(0, 27), BUDGET);
+        }
+        assert!(p.paused.exec_capture);
+        assert!((p.process_ns - 2.0 * 0.1 * 1e9 / 27.0).abs() < 1.0, "{}", p.process_ns);
     }
 
     #[test]
