@@ -12,7 +12,7 @@ use agent_common::{
 use aya_ebpf::{
     bindings::{pt_regs, BPF_F_MMAPABLE},
     helpers::{
-        bpf_get_current_pid_tgid, bpf_probe_read_user,
+        bpf_probe_read_user,
         generated::{bpf_get_current_task_btf, bpf_loop, bpf_probe_read_user as bpf_probe_read_user_raw, bpf_task_pt_regs},
     },
     macros::map,
@@ -23,9 +23,7 @@ use crate::{
     announce::announce_unmapped,
     buffers::{bump, BufferSet},
     hash::mix,
-    opaque::{opaque, sign_bit},
     python,
-    tails::{self, Anchor, Owner},
 };
 
 /// Every loaded table's rows; userspace sizes it to the table memory budget and fills it
@@ -97,15 +95,6 @@ pub struct Scratch {
     /// frame pointers: JIT code, or code mapped since userspace read the process. Told at
     /// the walk's end, so that userspace reads the mappings while the process still lives.
     outside: u64,
-    /// Code whose frames are anchors (`tails`): empty where the process has none, or its
-    /// tables are not loaded. (In `Walk`, with the owner, the BPF stack of `sched_switch`
-    /// overflowed.)
-    anchor_start: u64,
-    anchor_end: u64,
-    /// Whose tails the walk may use and keep.
-    owner: Owner,
-    /// The last anchor frame met, or the one whose tail this CPU keeps.
-    anchor: Anchor,
 }
 
 /// A row found for `pc` in the tables of a process's mappings (`generation`): it holds for
@@ -223,11 +212,6 @@ pub fn walk(set: &BufferSet, tgid: u32, tag: u16, regs: Option<&pt_regs>) -> Res
         (*scratch).mapping = ExecMapping::default();
         (*scratch).unloaded = unloaded;
         (*scratch).outside = 0;
-        (*scratch).anchor = Anchor::default();
-        // Runs of the evaluation loop anchor the tails: below the outermost one, the
-        // interpreter's start-up does not change while it runs.
-        ((*scratch).anchor_start, (*scratch).anchor_end) = (0, 0);
-        (*scratch).owner = Owner { pid_tgid: bpf_get_current_pid_tgid(), tag: tag as u32, generation: mappings.generation };
     }
     let (mut hash, mut check) = (0xcbf2_9ce4_8422_2325, 0x9e37_79b9_7f4a_7c15);
     // Python frames first, from the end of the frames: the native walk then stops short of
@@ -238,13 +222,8 @@ pub fn walk(set: &BufferSet, tgid: u32, tag: u16, regs: Option<&pt_regs>) -> Res
         (*stack).python = python_frames;
         (*stack).python_stop = python.as_ref().map_or(0, |p| p.stop);
     }
-    if let Some(python) = &python {
+    if let Some(python) = python {
         bump(set, counter::PYTHON_STOPS + python.stop.min(python_stop::COUNT - 1));
-    }
-    if let Some(python) = &python {
-        if mappings.count > 0 {
-            unsafe { ((*scratch).anchor_start, (*scratch).anchor_end) = (python.eval_start, python.eval_end) };
-        }
     }
     let mut walk = Walk { pc, sp, bp, mappings, stack, scratch, window_start: 0, window_end: 0, hash, check };
     let native = (MAX_USER_FRAMES as u32).saturating_sub(python_frames);
@@ -270,14 +249,6 @@ pub fn walk(set: &BufferSet, tgid: u32, tag: u16, regs: Option<&pt_regs>) -> Res
         if in_user_space(outside) {
             announce_unmapped(tgid, tag, outside, set);
         }
-    }
-    let (anchor, owner) = unsafe { (core::ptr::read_volatile(&(*scratch).anchor), (*scratch).owner) };
-    if anchor.kept == 1 {
-        let whole = tails::append(owner, stack, native, &mut walk.hash, &mut walk.check);
-        stack.stop = if whole { unwind_stop::END } else { unwind_stop::DEPTH };
-        bump(set, counter::UNWIND_TAILS_KEPT);
-    } else if anchor.len > 0 && stack.stop == unwind_stop::END {
-        tails::keep(owner, anchor, stack);
     }
     bump(set, counter::UNWIND_STOPS + stack.stop.min(unwind_stop::COUNT - 1));
     stack.stop |= unsafe { core::ptr::read_volatile(&(*scratch).unloaded) };
@@ -366,17 +337,8 @@ extern "C" fn step(index: u64, context: *mut c_void) -> i64 {
     walk.check = mix(walk.check.rotate_left(23), walk.pc);
     let pc = looked_up(walk.pc, index);
     match caller(walk, pc) {
-        Ok((caller_pc, sp, bp)) => {
-            let scratch = unsafe { &mut *walk.scratch };
-            if scratch.anchor_start <= pc && pc < scratch.anchor_end {
-                let anchor = &mut scratch.anchor;
-                if tails::kept(scratch.owner, sp, caller_pc) {
-                    anchor.kept = 1;
-                    return 1;
-                }
-                *anchor = Anchor { cfa: sp, ra: caller_pc, len: stack.len, kept: 0 };
-            }
-            (walk.pc, walk.sp, walk.bp) = (caller_pc, sp, bp);
+        Ok((pc, sp, bp)) => {
+            (walk.pc, walk.sp, walk.bp) = (pc, sp, bp);
             0
         }
         Err(stop) => {
@@ -531,6 +493,24 @@ fn find_row(mapping: &ExecMapping, pc: u32) -> Option<UnwindRow> {
     let last = search(rows.end.saturating_sub(rows.first), ROW_STEPS, |i| Some(UNWIND_ROWS.get(first + i)?.pc as u64), pc as u64)?;
     let row = *UNWIND_ROWS.get(first + last)?;
     (row.pc <= pc).then_some(row)
+}
+
+/// `value`, which the compiler can no longer see: a loop bound it cannot unroll (the
+/// verifier gives up on the unrolled searches). No instruction: the verifier still knows it.
+#[inline(always)]
+fn opaque(mut value: u64) -> u64 {
+    unsafe { core::arch::asm!("/* {0} */", inout(reg) value, options(pure, nomem, nostack)) };
+    value
+}
+
+/// The sign bit of `a - b`, in assembly: from a shift of a difference whose range it knows,
+/// the compiler makes a comparison, which in BPF is a branch, and the verifier would follow
+/// both ways at every search step (2^steps paths in all, which it refuses).
+#[inline(always)]
+fn sign_bit(a: u64, b: u64) -> u64 {
+    let mut d = a;
+    unsafe { core::arch::asm!("{d} -= {b}", "{d} >>= 63", d = inout(reg) d, b = in(reg) b, options(pure, nomem, nostack)) };
+    d
 }
 
 /// Binary search of `len` sorted keys (`key(i)`, below 2^63) for the last one at or before
