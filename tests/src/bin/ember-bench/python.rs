@@ -45,17 +45,15 @@ pub fn run(seconds: u64, frequencies: &[u64], cost_only: bool) -> Result<()> {
     let mut rows = Vec::new();
     let mut together = Vec::new();
     for &hz in frequencies {
-        if cost_only {
-            together.push((hz, bpf_at_once(hz, window)?));
-            continue;
+        if !cost_only {
+            // The workload alone before and after the profilers' runs: the host's speed
+            // drifts from minute to minute, and their mean is the baseline of this rate's rows.
+            let before = measure(Peer::Nothing, 0, window)?.throughput;
+            let measured = [Peer::PySpy, Peer::Ember].into_iter().map(|peer| Ok((peer, measure(peer, hz, window)?))).collect::<Result<Vec<_>>>()?;
+            let after = measure(Peer::Nothing, 0, window)?.throughput;
+            println!("  {hz:>4} Hz: done (no profiler: {before:.0} then {after:.0} work units/s)");
+            rows.extend(measured.into_iter().map(|(peer, m)| (hz, peer, m, (before + after) / 2.0)));
         }
-        // The workload alone before and after the profilers' runs: the host's speed drifts
-        // from minute to minute, and their mean is the baseline of this rate's rows.
-        let before = measure(Peer::Nothing, 0, window)?.throughput;
-        let measured = [Peer::PySpy, Peer::Ember].into_iter().map(|peer| Ok((peer, measure(peer, hz, window)?))).collect::<Result<Vec<_>>>()?;
-        let after = measure(Peer::Nothing, 0, window)?.throughput;
-        println!("  {hz:>4} Hz: done (no profiler: {before:.0} then {after:.0} work units/s)");
-        rows.extend(measured.into_iter().map(|(peer, m)| (hz, peer, m, (before + after) / 2.0)));
         together.push((hz, bpf_at_once(hz, window)?));
         println!("  bpftrace and ember-agent at once {hz:>4} Hz: done");
     }
