@@ -10,7 +10,7 @@ use aya_ebpf::{
 
 use crate::{
     buffers::{bump, BufferSet},
-    task::{current_comm, current_exe, current_life, current_stack_start},
+    task::{current_code_start, current_comm, current_exe, current_life, current_stack_start},
 };
 
 /// Processes userspace has been told about, and when (`told`); a miss sends a `ProcessEvent`.
@@ -44,6 +44,11 @@ pub fn announce_process(tgid: u32, tag: u16, stage: u8, set: &BufferSet) {
         Some(_) => BPF_EXIST,
         None => BPF_NOEXIST,
     };
+    // Mid-exec, its new memory holds no code yet, and /proc would show a half-built image
+    // under either life: the exec announces the new one once it is built.
+    if (bpf_get_current_pid_tgid() >> 32) as u32 == tgid && current_code_start() == 0 {
+        return;
+    }
     if KNOWN_TGIDS.insert(&tgid, &stage, flags as u64).is_err() {
         return; // another CPU announced it first
     }

@@ -71,6 +71,13 @@ pub fn current_stack_start() -> u64 {
     current_mm_u64(|layout| layout.start_stack)
 }
 
+/// Where the current process's code starts: 0 while an exec builds its new memory (the
+/// loader sets it once the executable is mapped), or for a task without memory.
+#[inline(always)]
+pub fn current_code_start() -> u64 {
+    current_mm_u64(|layout| layout.start_code)
+}
+
 /// The current process's heap end (`mm->brk`).
 #[inline(always)]
 pub fn current_brk() -> u64 {

@@ -24,6 +24,7 @@ use crate::{
     buffers::{bump, BufferSet},
     hash::mix,
     python,
+    task::current_code_start,
 };
 
 /// Every loaded table's rows; userspace sizes it to the table memory budget and fills it
@@ -194,6 +195,11 @@ pub fn capture(set: &BufferSet, tgid: u32, key: &mut SampleKey) {
 /// read from the task.
 #[inline(always)]
 pub fn walk(set: &BufferSet, tgid: u32, tag: u16, regs: Option<&pt_regs>) -> Result<Walked, i32> {
+    // Mid-exec, the registers are still the old program's and the memory the new one's: there
+    // is no stack to walk, and no address of either program to name.
+    if current_code_start() == 0 {
+        return Err(stack_status::NONE);
+    }
     let (pc, sp, bp) = match regs {
         Some(regs) => (regs.rip, regs.rsp, regs.rbp),
         None => task_user_regs().ok_or(stack_status::NONE)?,

@@ -94,7 +94,7 @@ impl Resolver {
             Vec::new()
         };
         for tgid in running {
-            resolver.processes.capture(tgid, None);
+            resolver.processes.capture(tgid, None, false);
         }
         resolver.load_unwind_tables();
         if let Some(alloc) = &settings.alloc {
@@ -143,7 +143,7 @@ impl Resolver {
             // At exec, what the kernel told of the executable may be enough: no /proc read.
             let told = event.at_exec == 1 && read && self.processes.capture_exec(event.tgid, event.tag, &event.exe, &event.comm);
             if read && !told {
-                self.processes.capture(event.tgid, Some(Life { tag: event.tag, start_ns: event.start_ns, start_stack: event.start_stack }));
+                self.processes.capture(event.tgid, Some(Life { tag: event.tag, start_ns: event.start_ns, start_stack: event.start_stack }), event.at_exec == 1);
             }
         }
         self.load_unwind_tables();

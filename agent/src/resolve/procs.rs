@@ -147,8 +147,9 @@ impl ProcessTable {
     }
 
     /// Reads (or re-reads) a process's mappings, as those of `life` (None: a process not
-    /// announced, read at start-up). Returns false if it is gone.
-    pub fn capture(&mut self, tgid: u32, life: Option<Life>) -> bool {
+    /// announced, read at start-up), `at_exec` if it has just exec'd. Returns false if it is
+    /// gone.
+    pub fn capture(&mut self, tgid: u32, life: Option<Life>, at_exec: bool) -> bool {
         // A process that has exited but is not reaped yet reads as no mappings at all: that
         // is not its mappings, and must not replace the ones captured while it ran (it may be
         // announced again while it exits).
@@ -165,8 +166,11 @@ impl ProcessTable {
             return false;
         }
         let name = untrusted::read_proc(Path::new(&format!("/proc/{tgid}/comm")), 64).unwrap_or_default().trim().to_string();
-        let mappings = areas.into_iter().map(|area| self.mapping(&dir, area)).collect();
-        self.install(tgid, life.map(|life| life.tag), name, mappings, false);
+        let mappings: Vec<Mapping> = areas.into_iter().map(|area| self.mapping(&dir, area)).collect();
+        // Read at exec, a static executable (and the vDSO) is all it will map: its first
+        // sample needs no second read.
+        let whole = at_exec && mappings.iter().all(|m| matches!(&m.target, MappingTarget::File(b) if !b.loads_libraries));
+        self.install(tgid, life.map(|life| life.tag), name, mappings, whole);
         metrics::add("ember_processes_captured_total", &[("from", "proc")], 1.0);
         true
     }
@@ -435,7 +439,7 @@ impl ProcessTable {
                 _ => None,
             };
             if let Some(life) = reread {
-                if self.capture(tgid, life) {
+                if self.capture(tgid, life, false) {
                     found = self.lookup(tgid, tag, addr);
                 } else if self.which(tgid, tag).is_none() {
                     self.unread.insert(tgid);
