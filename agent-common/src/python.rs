@@ -34,7 +34,10 @@ pub struct PythonLayout {
     pub code_bytecode: u16,
     pub position_kind: u8,
     pub entry_kind: u8,
-    pub _pad: [u8; 2],
+    /// 1 where a thread's frames lie one after another in its data stack, each caller below
+    /// its callee (3.11+), 0 where each is an object of its own.
+    pub stacked_frames: u8,
+    pub _pad: u8,
 }
 
 impl PythonLayout {
@@ -70,6 +73,10 @@ pub struct PythonProcess {
     /// Where the pointer to the first interpreter is (`_PyRuntime.interpreters.head`, or
     /// 3.6's `interp_head`).
     pub interp_head: u64,
+    /// Where the evaluation loop's code (`_PyEval_EvalFrameDefault`) is in the process: the
+    /// native walk keeps the frames below its outermost run (see the kernel side's `tails`).
+    pub eval_start: u64,
+    pub eval_end: u64,
     pub layout: PythonLayout,
 }
 

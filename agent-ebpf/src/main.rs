@@ -7,9 +7,11 @@
 //! program per net tracepoint, and the socket's last sender), `process_life` (fork, exec,
 //! exit, code replaced in place, cgroup moves). What they share: `buffers` (the A/B sets and
 //! their counters), `aggregate` (adding to a key), `perf_sample` (a perf event's sample),
-//! `walk` (user stacks) with `python` (Python frames) and `hash`, `announce` (telling
+//! `walk` (user stacks) with `python` (Python frames), `tails` (the frames kept below an
+//! anchor) and `hash`, `announce` (telling
 //! userspace of a process), `task` and `thread_cache` (what a key says of the current task),
-//! `config` (filters, layouts and rates set by userspace), `run_time` (measuring themselves).
+//! `config` (filters, layouts and rates set by userspace), `run_time` (measuring themselves),
+//! `opaque` (what the compiler must not see through, for the verifier).
 #![no_std]
 #![no_main]
 // Inline assembly, for two instructions the compiler must not rewrite (`walk::search`).
@@ -26,10 +28,12 @@ mod memory_requests;
 mod network;
 mod offcpu;
 mod oncpu;
+mod opaque;
 mod perf_sample;
 mod process_life;
 mod python;
 mod run_time;
+mod tails;
 mod task;
 mod thread_cache;
 mod walk;

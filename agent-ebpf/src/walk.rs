@@ -12,7 +12,7 @@ use agent_common::{
 use aya_ebpf::{
     bindings::{pt_regs, BPF_F_MMAPABLE},
     helpers::{
-        bpf_probe_read_user,
+        bpf_get_current_pid_tgid, bpf_probe_read_user,
         generated::{bpf_get_current_task_btf, bpf_loop, bpf_probe_read_user as bpf_probe_read_user_raw, bpf_task_pt_regs},
     },
     macros::map,
@@ -23,7 +23,9 @@ use crate::{
     announce::announce_unmapped,
     buffers::{bump, BufferSet},
     hash::mix,
+    opaque::{opaque, sign_bit},
     python,
+    tails::{self, Anchor, Owner},
     task::current_code_start,
 };
 
@@ -96,12 +98,25 @@ pub struct Scratch {
     /// frame pointers: JIT code, or code mapped since userspace read the process. Told at
     /// the walk's end, so that userspace reads the mappings while the process still lives.
     outside: u64,
+    /// Code whose frames are anchors (`tails`): empty where the process has none, or its
+    /// tables are not loaded. (In `Walk`, with the owner, the BPF stack of `sched_switch`
+    /// overflowed.)
+    anchor_start: u64,
+    anchor_end: u64,
+    /// Whose tails the walk may use and keep.
+    owner: Owner,
+    /// The last anchor frame met, or the one whose tail this CPU keeps.
+    anchor: Anchor,
     /// The frame being walked (`step` moves them to its caller's), the digests of the frames
     /// so far, and the user addresses the window holds (empty at first). On the BPF stack
     /// the verifier followed their values from frame to frame and found no two steps alike:
     /// it went through the step 475 times for `sample_cpu` (262,000 of its 302,000
     /// instructions).
     regs: FrameRegs,
+    /// The process's mappings; empty when userspace has not loaded it yet: frame pointers
+    /// only. (Loaded from here, not kept from the lookup, so that the walk is one path
+    /// whether or not the process is loaded.)
+    mappings: ProcessMappings,
     hash: u64,
     check: u64,
     window_start: u64,
@@ -159,8 +174,6 @@ const _: () = assert!(1 << MAPPING_STEPS >= MAX_MAPPINGS && 1 << ROW_STEPS > UNW
 
 /// What `step` is handed: the walk's state between frames is in `scratch`.
 struct Walk {
-    /// Empty when userspace has not loaded the process yet: frame pointers only.
-    mappings: ProcessMappings,
     stack: *mut UserStack,
     scratch: *mut Scratch,
 }
@@ -228,7 +241,13 @@ pub fn walk(set: &BufferSet, tgid: u32, tag: u16, regs: Option<&pt_regs>) -> Res
         (*scratch).unloaded = unloaded;
         (*scratch).outside = 0;
         (*scratch).regs = FrameRegs { pc, sp, bp };
+        (*scratch).mappings = mappings;
         ((*scratch).window_start, (*scratch).window_end) = (0, 0);
+        (*scratch).anchor = Anchor::default();
+        // Runs of the evaluation loop anchor the tails: below the outermost one, the
+        // interpreter's start-up does not change while it runs.
+        ((*scratch).anchor_start, (*scratch).anchor_end) = (0, 0);
+        (*scratch).owner = Owner { pid_tgid: bpf_get_current_pid_tgid(), tag: tag as u32, generation: mappings.generation };
     }
     let (mut hash, mut check) = (0xcbf2_9ce4_8422_2325, 0x9e37_79b9_7f4a_7c15);
     // Python frames first, from the end of the frames: the native walk then stops short of
@@ -239,13 +258,17 @@ pub fn walk(set: &BufferSet, tgid: u32, tag: u16, regs: Option<&pt_regs>) -> Res
         (*stack).python = python_frames;
         (*stack).python_stop = python.as_ref().map_or(0, |p| p.stop);
     }
-    if let Some(python) = python {
+    if let Some(python) = &python {
         bump(set, counter::PYTHON_STOPS + python.stop.min(python_stop::COUNT - 1));
     }
+    if let Some(python) = &python {
+        if mappings.count > 0 {
+            unsafe { ((*scratch).anchor_start, (*scratch).anchor_end) = (python.eval_start, python.eval_end) };
+        }
+    }
     unsafe { ((*scratch).hash, (*scratch).check) = (hash, check) };
-    let mut walk = Walk { mappings, stack, scratch };
-    let native = (MAX_USER_FRAMES as u32).saturating_sub(python_frames);
-    let walked = unsafe { bpf_loop(native, step as *mut c_void, &mut walk as *mut Walk as *mut c_void, 0) };
+    let mut walk = Walk { stack, scratch };
+    let walked = unsafe { bpf_loop(native_frames(&*stack), step as *mut c_void, &mut walk as *mut Walk as *mut c_void, 0) };
     if walked < 0 {
         bump(set, counter::USER_STACK_ERROR);
         return Err(stack_status::ERROR);
@@ -256,6 +279,7 @@ pub fn walk(set: &BufferSet, tgid: u32, tag: u16, regs: Option<&pt_regs>) -> Res
     // their mapping failed; where it ended is checked here (one more branch in the loop was
     // too many paths for the verifier). The last frame's row may have been a kept one, found
     // in a mapping other than the last one searched.
+    let mappings = state.mappings;
     if mappings.count > 0 {
         let pc = state.regs.pc;
         let looked_up = looked_up(pc, (stack.len as u64).saturating_sub(1));
@@ -270,11 +294,32 @@ pub fn walk(set: &BufferSet, tgid: u32, tag: u16, regs: Option<&pt_regs>) -> Res
             announce_unmapped(tgid, tag, outside, set);
         }
     }
+    let (anchor, owner) = unsafe { (core::ptr::read_volatile(&(*scratch).anchor), (*scratch).owner) };
+    if anchor.kept == 1 {
+        let limit = native_frames(stack);
+        let (frames, whole) = tails::to_append(owner, stack, limit);
+        let appended = unsafe { bpf_loop(frames, append_step as *mut c_void, &mut walk as *mut Walk as *mut c_void, 0) };
+        stack.stop = if whole && appended == frames as i64 { unwind_stop::END } else { unwind_stop::DEPTH };
+        bump(set, counter::UNWIND_TAILS_KEPT);
+    } else if anchor.len > 0 && stack.stop == unwind_stop::END {
+        let frames = tails::to_keep(owner, anchor, stack);
+        if frames > 0 && unsafe { bpf_loop(frames, keep_step as *mut c_void, &mut walk as *mut Walk as *mut c_void, 0) } == frames as i64 {
+            tails::mark_kept(owner, anchor, frames);
+        }
+    }
     bump(set, counter::UNWIND_STOPS + stack.stop.min(unwind_stop::COUNT - 1));
     stack.stop |= unsafe { core::ptr::read_volatile(&(*scratch).unloaded) };
     let hash = mix(state.hash, ((stack.stop as u64) << 32) | stack.len as u64);
     stack.check = mix(state.check, hash);
     Ok(Walked { id: ((hash ^ (hash >> 32)) & 0x7fff_ffff) as u32, check: stack.check })
+}
+
+/// How many native frames the stack has room for after its Python frames. Loaded from the
+/// map: the same unknown count on every path that reaches the walk, so that the verifier
+/// checks the step for one of them, not for each (with Python frames or without).
+#[inline(always)]
+fn native_frames(stack: &UserStack) -> u32 {
+    (MAX_USER_FRAMES as u32).saturating_sub(unsafe { core::ptr::read_volatile(&stack.python) })
 }
 
 /// Whether the walks know code of `tgid` in the range `range()` gives (start, end): read only
@@ -357,9 +402,15 @@ extern "C" fn step(index: u64, context: *mut c_void) -> i64 {
     stack.len += 1;
     state.hash = mix(state.hash, frame.pc);
     state.check = mix(state.check.rotate_left(23), frame.pc);
-    match caller(walk, frame, looked_up(frame.pc, index)) {
+    let pc = looked_up(frame.pc, index);
+    match caller(walk, frame, pc) {
         Ok(regs) => {
-            unsafe { (*walk.scratch).regs = regs };
+            let scratch = unsafe { &mut *walk.scratch };
+            scratch.regs = regs;
+            // An anchor frame: one compare of the range, one branch for the verifier to follow.
+            if pc.wrapping_sub(scratch.anchor_start) < scratch.anchor_end.wrapping_sub(scratch.anchor_start) {
+                return tails::met(scratch.owner, &mut scratch.anchor, Anchor { cfa: regs.sp, ra: regs.pc, len: stack.len, kept: 0 });
+            }
             0
         }
         Err(stop) => {
@@ -367,6 +418,20 @@ extern "C" fn step(index: u64, context: *mut c_void) -> i64 {
             1
         }
     }
+}
+
+/// One frame kept below an anchor, appended (`tails::append`).
+extern "C" fn append_step(index: u64, context: *mut c_void) -> i64 {
+    let walk = unsafe { &mut *(context as *mut Walk) };
+    let state = unsafe { &mut *walk.scratch };
+    tails::append(state.owner, index as u32, unsafe { &mut *walk.stack }, &mut state.hash, &mut state.check)
+}
+
+/// One frame below an anchor, kept (`tails::keep`).
+extern "C" fn keep_step(index: u64, context: *mut c_void) -> i64 {
+    let walk = unsafe { &mut *(context as *mut Walk) };
+    let (owner, anchor) = unsafe { ((*walk.scratch).owner, (*walk.scratch).anchor) };
+    tails::keep(owner, anchor, index as u32, unsafe { &mut *walk.stack })
 }
 
 /// The address whose row holds for frame `index` at `pc`. A return address (every frame but
@@ -429,7 +494,8 @@ fn read_pair(walk: &mut Walk, at: u64) -> Result<[u64; 2], u32> {
 #[inline(always)]
 fn caller_frame(walk: &mut Walk, frame: FrameRegs, pc: u64) -> Result<(u64, Option<u64>), u32> {
     let kept = unsafe { &mut (*walk.scratch).rows[KeptRow::slot(pc)] };
-    let row = if kept.holds(pc, walk.mappings.generation) {
+    let generation = unsafe { (*walk.scratch).mappings.generation };
+    let row = if kept.holds(pc, generation) {
         kept.row()
     } else {
         table_row(walk, frame.bp, pc, kept)?
@@ -458,7 +524,7 @@ fn table_row(walk: &mut Walk, bp: u64, pc: u64, kept: &mut KeptRow) -> Result<Un
     // Neighbouring frames are often in one file: try the last frame's mapping first.
     let last = unsafe { &mut (*walk.scratch).mapping };
     if !last.covers(pc) {
-        match find_mapping(&walk.mappings, pc) {
+        match find_mapping(unsafe { &(*walk.scratch).mappings }, pc) {
             Some(mapping) => *last = mapping,
             None => unsafe { (*walk.scratch).outside = pc },
         }
@@ -472,7 +538,7 @@ fn table_row(walk: &mut Walk, bp: u64, pc: u64, kept: &mut KeptRow) -> Result<Un
         return Err(unwind_stop::NO_INFO);
     }
     let row = find_row(&mapping, relative as u32).ok_or(unwind_stop::NO_INFO)?;
-    *kept = KeptRow { pc: pc | KEPT, generation: walk.mappings.generation, cfa_offset: row.cfa_offset, kind: row.kind, rbp_offset: row.rbp_offset };
+    *kept = KeptRow { pc: pc | KEPT, generation: unsafe { (*walk.scratch).mappings.generation }, cfa_offset: row.cfa_offset, kind: row.kind, rbp_offset: row.rbp_offset };
     Ok(row)
 }
 
@@ -515,24 +581,6 @@ fn find_row(mapping: &ExecMapping, pc: u32) -> Option<UnwindRow> {
     let last = search(rows.end.saturating_sub(rows.first), ROW_STEPS, |i| Some(UNWIND_ROWS.get(first + i)?.pc as u64), pc as u64)?;
     let row = *UNWIND_ROWS.get(first + last)?;
     (row.pc <= pc).then_some(row)
-}
-
-/// `value`, which the compiler can no longer see: a loop bound it cannot unroll (the
-/// verifier gives up on the unrolled searches). No instruction: the verifier still knows it.
-#[inline(always)]
-fn opaque(mut value: u64) -> u64 {
-    unsafe { core::arch::asm!("/* {0} */", inout(reg) value, options(pure, nomem, nostack)) };
-    value
-}
-
-/// The sign bit of `a - b`, in assembly: from a shift of a difference whose range it knows,
-/// the compiler makes a comparison, which in BPF is a branch, and the verifier would follow
-/// both ways at every search step (2^steps paths in all, which it refuses).
-#[inline(always)]
-fn sign_bit(a: u64, b: u64) -> u64 {
-    let mut d = a;
-    unsafe { core::arch::asm!("{d} -= {b}", "{d} >>= 63", d = inout(reg) d, b = in(reg) b, options(pure, nomem, nostack)) };
-    d
 }
 
 /// Binary search of `len` sorted keys (`key(i)`, below 2^63) for the last one at or before

@@ -28,8 +28,9 @@ fn record(dir: &TempDir, fixture: Fixture, pid: u32) -> (Vec<Sample>, FixtureRun
 
 /// What the split fixture must show, whatever the interpreter: its samples with Python
 /// frames, hot_a and hot_b in their split, each under dispatch under <module>, and below the
-/// Python frames one and the same native start-up, complete. Returns the findings as one
-/// line, and what is wrong, if anything.
+/// Python frames one and the same native start-up, complete (the walk keeps it per thread
+/// and copies it: a copy of another thread's or an old one would show as a second). Returns
+/// the findings as one line, and what is wrong, if anything.
 fn split_findings(name: &str, samples: &[Sample], run: &FixtureRun) -> (String, Vec<String>) {
     let python_frame = |s: &Sample, function: &str| s.frames.iter().position(|f| f.function == function && f.mapping == "[python]");
     let total = |filter: &dyn Fn(&Sample) -> bool| -> i64 { samples.iter().filter(|s| filter(s)).map(|s| s.values[0]).sum() };
@@ -98,6 +99,14 @@ fn python_functions_are_walked_in_every_cpython_in_their_split_and_order() {
             println!("{line}");
             problems.extend(found.into_iter().map(|p| format!("{name}: {p}")));
             report.push(line);
+        }
+        // Each thread's start-up is walked once per CPU, then copied.
+        let recorded = Decoded::read(&dir.path("p.pb.gz"));
+        let (kept, walks) = (recorded.counter("unwind_tails_kept"), recorded.counter("python_complete"));
+        let line = format!("{}: {kept} of {walks} complete Python walks copied the frames below the evaluation loop", pair.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(" and "));
+        println!("{line}");
+        if (kept as f64) < 0.9 * walks as f64 {
+            problems.push(line);
         }
     }
     assert!(problems.is_empty(), "{}\n{}", problems.join("\n"), report.join("\n"));

@@ -79,7 +79,8 @@ pub fn parse(bytes: &[u8], minor: u8) -> Result<Offsets> {
         code_bytecode: at(word::CODE, word::CODE_ADAPTIVE)?,
         position_kind: position_kind::INSTRUCTION_POINTER,
         entry_kind: entry_kind::BEFORE_SHIM,
-        _pad: [0; 2],
+        stacked_frames: 1,
+        _pad: 0,
     };
     let code_field = |field| at(word::CODE, field).map(u64::from);
     // Where a compact non-ASCII string's text starts is not published: that comes from the

@@ -113,9 +113,27 @@ impl Interpreter {
     /// Where the pointer to the first interpreter is in a process that maps the file's byte
     /// `file_offset` at `start`.
     pub fn interp_head_in(&self, start: u64, file_offset: u64) -> Option<u64> {
+        Some(self.bias(start, file_offset)?.wrapping_add(self.interp_head))
+    }
+
+    /// Where the evaluation loop's main code (the largest of its ranges: a cold part is
+    /// smaller) is in a process that maps the file's byte `file_offset` at `start`.
+    pub fn eval_in(&self, start: u64, file_offset: u64) -> Option<Range<u64>> {
+        let eval = self.eval.iter().max_by_key(|range| range.end - range.start)?;
+        let eval_start = self.bias(start, file_offset)?.wrapping_add(self.address(eval.start)?);
+        Some(eval_start..eval_start.wrapping_add(eval.end - eval.start))
+    }
+
+    /// What a process that maps the file's byte `file_offset` at `start` adds to the file's
+    /// own addresses.
+    fn bias(&self, start: u64, file_offset: u64) -> Option<u64> {
+        Some(start.wrapping_sub(self.address(file_offset)?))
+    }
+
+    /// The file address of a file offset, if a loadable segment holds it.
+    fn address(&self, file_offset: u64) -> Option<u64> {
         let &(address, offset, _) = self.segments.iter().find(|&&(_, offset, size)| (offset..offset.saturating_add(size)).contains(&file_offset))?;
-        let bias = start.wrapping_sub(address.wrapping_add(file_offset - offset));
-        Some(bias.wrapping_add(self.interp_head))
+        Some(address.wrapping_add(file_offset - offset))
     }
 
     /// Whether the file offset is in the evaluation loop's code.

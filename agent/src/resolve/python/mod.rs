@@ -83,6 +83,7 @@ impl Pythons {
             let Some(interpreter) = interpreter else { continue };
             let offsets = interpreter.offsets;
             let interp_head = interpreter.interp_head_in(*start, *file_offset)?;
+            let eval = interpreter.eval_in(*start, *file_offset)?;
             // Read again (it mapped something new: a library, or glibc's unwinder as a thread
             // exits), the same interpreter keeps what was read of its code: once the process
             // has exited, that is all there is to name its last samples with.
@@ -98,7 +99,7 @@ impl Pythons {
             });
             self.processes.insert(tgid, process);
             tracing::debug!(tgid, minor, path = binary.path, "CPython found");
-            return Some(PythonProcess { interp_head, layout: offsets.walk });
+            return Some(PythonProcess { interp_head, eval_start: eval.start, eval_end: eval.end, layout: offsets.walk });
         }
         None
     }

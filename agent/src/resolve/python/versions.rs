@@ -47,7 +47,8 @@ pub fn from_tables(minor: u8) -> Option<Offsets> {
         code_bytecode: 0,
         position_kind: position_kind::LASTI,
         entry_kind: entry_kind::EVERY_FRAME,
-        _pad: [0; 2],
+        stacked_frames: 0,
+        _pad: 0,
     };
     let (walk, head) = match minor {
         6 => (frame_object(152, 120), 0),
@@ -87,6 +88,7 @@ fn interpreter_frame(
         code_bytecode: bytecode,
         position_kind: position_kind::INSTRUCTION_POINTER,
         entry_kind,
-        _pad: [0; 2],
+        stacked_frames: 1,
+        _pad: 0,
     }
 }
