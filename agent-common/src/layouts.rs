@@ -71,4 +71,6 @@ pub struct TaskLayout {
     pub s_dev: u32,
     /// In `struct mm_struct`, `brk`: the heap's end, from which a brk call grows it.
     pub brk: u32,
+    /// `se.sum_exec_runtime` (u64 ns): the thread's run time so far.
+    pub sum_exec_runtime: u32,
 }

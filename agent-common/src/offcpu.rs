@@ -22,4 +22,7 @@ pub struct OffCpuStart {
     pub weight: u32,
     /// The buffer set generation the stacks were captured in.
     pub generation: u32,
+    /// The thread's run time (ns) when it blocked: if its wake-up goes unseen, what it ran
+    /// since tells how long it was blocked.
+    pub run_ns: u64,
 }

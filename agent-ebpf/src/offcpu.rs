@@ -13,6 +13,7 @@ use crate::{
     buffers::{active_set, bump, kernel_stack_id, BufferSet},
     config::{config, field, passes_filters, rates, sampled_out},
     run_time::{run_ended, MEASURE_RUN_TIME},
+    task::current_run_time,
     thread_cache::current_key,
     walk,
 };
@@ -104,7 +105,19 @@ fn switch_out(ctx: &TracePointContext, set: &BufferSet, state: u64, now: u64) ->
         Err(status) => key.user_stack_id = status,
     }
     key.kernel_stack_id = kernel_stack_id(ctx, set);
-    let start = OffCpuStart { key, start_ns: now, weight: ratio, generation: set.generation };
+    let run_ns = current_run_time();
+    // Still blocked by the table: the kernel did not run the program for the switch that woke
+    // the thread (seen on a busy host, by every program on the tracepoint at once). What the
+    // thread ran since is the part of the time since it blocked that it was not blocked.
+    // (After the walk: the verifier then checks the walk once, not for each branch.)
+    if let Some(entry) = last {
+        let unseen = unsafe { &*entry };
+        if unseen.start_ns != 0 {
+            bump(set, counter::OFF_CPU_WAKES_UNSEEN);
+            count_block(set, unseen, now.saturating_sub(unseen.start_ns).saturating_sub(run_ns.saturating_sub(unseen.run_ns)));
+        }
+    }
+    let start = OffCpuStart { key, start_ns: now, weight: ratio, generation: set.generation, run_ns };
     // A thread that blocked before keeps its entry, emptied when it woke: it is rewritten in
     // place, which costs less than the map's delete at switch-in and insert here. (Only this
     // thread's exit deletes it.)
@@ -128,13 +141,18 @@ fn switch_in(set: &BufferSet, pid: u32, now: u64) -> bool {
         return false; // not blocked since it last woke
     }
     unsafe { (*entry).start_ns = 0 };
-    let blocked = now.saturating_sub(start.start_ns);
+    count_block(set, &start, now.saturating_sub(start.start_ns));
+    true
+}
+
+/// Adds a block of `blocked` ns to where it started, unless the block time range leaves it out.
+#[inline(always)]
+fn count_block(set: &BufferSet, start: &OffCpuStart, blocked: u64) {
     if blocked < config(&OFF_CPU_MIN_NS) || blocked > config(&OFF_CPU_MAX_NS) {
         bump(set, counter::OFF_CPU_OUT_OF_RANGE);
-        return true;
+        return;
     }
     let weight = start.weight.max(1) as u64;
     bump(set, counter::OFF_CPU_BLOCKS);
     record(set, &start.key, weight, blocked * weight);
-    true
 }

@@ -26,6 +26,7 @@ pub static TASK_LAYOUT: TaskLayout = TaskLayout {
     i_sb: 0,
     s_dev: 0,
     brk: 0,
+    sum_exec_runtime: 0,
 };
 
 /// Per tgid, how many times the process mapped something where its code was since its exec
@@ -76,6 +77,13 @@ pub fn current_stack_start() -> u64 {
 #[inline(always)]
 pub fn current_code_start() -> u64 {
     current_mm_u64(|layout| layout.start_code)
+}
+
+/// The current thread's run time so far (ns), as the scheduler accounts it.
+#[inline(always)]
+pub fn current_run_time() -> u64 {
+    let layout = config(&TASK_LAYOUT);
+    unsafe { *((bpf_get_current_task_btf() as *const u8).add(layout.sum_exec_runtime as usize) as *const u64) }
 }
 
 /// The current process's heap end (`mm->brk`).

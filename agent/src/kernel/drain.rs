@@ -190,3 +190,93 @@ fn python_frames(stack: &UserStack) -> Option<(Vec<u64>, u32)> {
     let count = (stack.python as usize).min(stack.frames.len());
     Some((stack.frames.iter().rev().take(count).copied().collect(), stack.python_stop))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        sync::{
+            atomic::{AtomicU32, Ordering},
+            Arc,
+        },
+        time::{Duration, Instant},
+    };
+
+    use agent_common::{block_state, OffCpuStart};
+
+    use super::*;
+    use crate::kernel::{KernelSettings, OffCpuSettings};
+
+    fn clock_ns(clock: libc::clockid_t) -> u64 {
+        let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        assert_eq!(unsafe { libc::clock_gettime(clock, &mut t) }, 0);
+        t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+    }
+
+    /// A thread sleeps, runs, and sleeps again. While it runs, its entry in the blocked-thread
+    /// table is made to say it blocked 200 ms ago, as if the program had not run for the
+    /// switch that woke it (the kernel skips it so on a busy host): at the thread's next
+    /// block, those 200 ms count as blocked, and what it ran since does not.
+    #[test]
+    fn a_block_whose_wake_up_went_unseen_counts_at_the_next_one_less_what_the_thread_ran() {
+        assert_eq!(unsafe { libc::geteuid() }, 0, "this test loads BPF programs: run it as root");
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let _entered = runtime.enter();
+        let all_states = block_state::PREEMPTED | block_state::SLEEPING | block_state::UNINTERRUPTIBLE;
+        let settings = KernelSettings {
+            off_cpu: Some(OffCpuSettings { states: all_states, min_block_ns: 0, max_block_ns: u64::MAX, ratio: 1, max_threads: 64 }),
+            pids: vec![std::process::id()],
+            ..KernelSettings::for_tests()
+        };
+        let (mut sampler, _announcements, _unwind_maps) = Sampler::start(&settings).expect("starting the sampler");
+        // A switch-out of the running thread between the rewrite and its next block (it may
+        // be preempted) finds the entry by the usual path instead: then it runs again.
+        let mut reports = Vec::new();
+        for _ in 0..5 {
+            let (counted, truth, unseen) = sleep_run_sleep(&mut sampler);
+            let report = format!("{:.1} ms counted blocked, {:.1} ms expected; {unseen} wake-ups unseen", counted as f64 / 1e6, truth as f64 / 1e6);
+            println!("{report}");
+            assert!((counted as f64 - truth as f64).abs() < 0.02 * truth as f64, "{report}");
+            reports.push(report);
+            if unseen == 1 {
+                return;
+            }
+        }
+        panic!("no run took the path of an unseen wake-up: {reports:?}");
+    }
+
+    /// One run of the thread: what was counted blocked of it, the truth, and the wake-ups
+    /// counted as unseen.
+    fn sleep_run_sleep(sampler: &mut Sampler) -> (u64, u64, u64) {
+        let (tid, stage) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+        let thread = std::thread::spawn({
+            let (tid, stage) = (tid.clone(), stage.clone());
+            move || {
+                let started = Instant::now();
+                tid.store(unsafe { libc::gettid() } as u32, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(200));
+                stage.store(1, Ordering::SeqCst);
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while stage.load(Ordering::SeqCst) != 2 && Instant::now() < deadline {}
+                std::thread::sleep(Duration::from_millis(100));
+                // Its time off the CPU: its lifetime less what it ran.
+                started.elapsed().as_nanos() as u64 - clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+            }
+        });
+        while stage.load(Ordering::SeqCst) != 1 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let tid = tid.load(Ordering::SeqCst);
+        let table = sampler.off_cpu_start.as_mut().expect("off-CPU is loaded");
+        let woke = table.get(&tid, 0).expect("the thread has blocked: it is in the table");
+        let schedstat = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).expect("the thread's schedstat");
+        let ran: u64 = schedstat.split_whitespace().next().and_then(|v| v.parse().ok()).expect("its run time");
+        let unseen = OffCpuStart { start_ns: clock_ns(libc::CLOCK_MONOTONIC) - 200_000_000, run_ns: ran, ..woke };
+        table.insert(tid, unseen, 0).expect("rewriting the entry");
+        stage.store(2, Ordering::SeqCst);
+        let truth = thread.join().expect("the thread") + 200_000_000;
+        let interval = sampler.drain().expect("draining");
+        let counted: u64 = interval.counts.iter().filter(|(k, _)| k.pid == tid && k.kind == kind::OFF_CPU).map(|(_, v)| v.total).sum();
+        let unseen = interval.counters.0[counter::OFF_CPU_WAKES_UNSEEN as usize];
+        (counted, truth, unseen)
+    }
+}

@@ -39,6 +39,7 @@ pub(super) fn task_layout(btf: &Btf) -> Result<TaskLayout> {
         i_sb: btf.member_offset("inode", "i_sb")?,
         s_dev: btf.member_offset("super_block", "s_dev")?,
         brk: btf.member_offset("mm_struct", "brk")?,
+        sum_exec_runtime: btf.member_offset("task_struct", "se")? + btf.member_offset("sched_entity", "sum_exec_runtime")?,
     })
 }
 

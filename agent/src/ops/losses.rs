@@ -28,6 +28,7 @@ pub fn report(losses: Losses) {
             | counter::FILTERED
             | counter::NET_FILTERED
             | counter::OFF_CPU_OUT_OF_RANGE
+            | counter::OFF_CPU_WAKES_UNSEEN
             | counter::FAULT_SAMPLES
             | counter::ALLOC_CALLS
             | counter::FREE_CALLS
