@@ -44,9 +44,10 @@ pub fn announce_process(tgid: u32, tag: u16, stage: u8, set: &BufferSet) {
         Some(_) => BPF_EXIST,
         None => BPF_NOEXIST,
     };
+    let current = (bpf_get_current_pid_tgid() >> 32) as u32 == tgid;
     // Mid-exec, its new memory holds no code yet, and /proc would show a half-built image
     // under either life: the exec announces the new one once it is built.
-    if (bpf_get_current_pid_tgid() >> 32) as u32 == tgid && current_code_start() == 0 {
+    if current && current_code_start() == 0 {
         return;
     }
     if KNOWN_TGIDS.insert(&tgid, &stage, flags as u64).is_err() {
@@ -55,7 +56,7 @@ pub fn announce_process(tgid: u32, tag: u16, stage: u8, set: &BufferSet) {
     // The start time can only be read from the process itself (an event may be attributed to
     // another task: a socket's last sender).
     let (current_tag, start) = current_life();
-    let own = (bpf_get_current_pid_tgid() >> 32) as u32 == tgid && current_tag == tag;
+    let own = current && current_tag == tag;
     if !send(tgid, tag, stage == told::AT_EXEC, 0, own.then_some(start)) {
         let _ = KNOWN_TGIDS.remove(&tgid);
         bump(set, counter::PROCESS_EVENT_LOST);

@@ -17,7 +17,7 @@ use aya_ebpf::{
     maps::{HashMap, LruHashMap, PerCpuArray},
 };
 
-use crate::{hash::mix, opaque::opaque, task::current_thread_pointer};
+use crate::{hash::mix_frame, opaque::opaque, task::current_thread_pointer};
 
 /// Per tgid, its interpreter (written by userspace when it finds CPython in the process).
 #[map]
@@ -259,8 +259,7 @@ impl Walk {
     fn mix_last(&mut self, stack: *mut UserStack) {
         let Some(n) = self.count.checked_sub(1) else { return };
         let Some(word) = slot(stack, n).map(|w| *w) else { return };
-        self.hash = mix(self.hash, word);
-        self.check = mix(self.check.rotate_left(23), word);
+        mix_frame(&mut self.hash, &mut self.check, word);
     }
 }
 

@@ -9,7 +9,10 @@
 use agent_common::{UserStack, MAX_USER_FRAMES};
 use aya_ebpf::{macros::map, maps::PerCpuArray};
 
-use crate::{hash::mix, opaque::opaque};
+use crate::{
+    hash::{mix, mix_frame},
+    opaque::opaque,
+};
 
 /// Frames kept below an anchor at most (python3.11's own are 13): a longer tail is walked
 /// each time.
@@ -31,6 +34,10 @@ pub struct Tail {
     /// Frames kept (0: none), the anchor's caller first.
     len: u32,
     _pad: u32,
+    /// The frames folded into the walk's two hashes from their seeds (`digest`): what a walk
+    /// that copies them mixes in, in place of each frame.
+    digest: u64,
+    digest_check: u64,
     frames: [u64; TAIL_FRAMES],
 }
 
@@ -45,8 +52,8 @@ pub struct Owner {
     pub generation: u32,
 }
 
-/// Where an anchor frame was met in a walk: its CFA and return address, and how many frames
-/// the stack had up to it.
+/// Where an anchor frame was met in a walk: its CFA and return address, how many frames the
+/// stack had up to it, and the walk's hashes then.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct Anchor {
@@ -55,7 +62,20 @@ pub struct Anchor {
     pub len: u32,
     /// 1 if this CPU keeps the thread's frames below it.
     pub kept: u32,
+    pub hash: u64,
+    pub check: u64,
 }
+
+/// What a stack's hashes are once it has the frames below an anchor: the hashes at the
+/// anchor, with the frames' digest mixed in. The same whether the frames were walked (and
+/// kept) or copied, so that a stack keeps its id; a copy need not mix every frame.
+#[inline(always)]
+pub fn hashes_below(anchor: Anchor, digest: u64, digest_check: u64) -> (u64, u64) {
+    (mix(anchor.hash, digest), mix(anchor.check.rotate_left(23), digest_check))
+}
+
+/// The digests' seeds.
+const DIGEST_SEEDS: (u64, u64) = (0x6a09_e667_f3bc_c909, 0xbb67_ae85_84ca_a73b);
 
 /// A stack's frame, checked on an index the compiler cannot see through: it cannot then
 /// check one copy of the index and address the frame with another, which the verifier
@@ -88,12 +108,13 @@ pub fn met(owner: Owner, last: &mut Anchor, at: Anchor) -> i64 {
 }
 
 /// How many of the owner's kept frames `append` adds: as many as fit under `limit` frames;
-/// and whether that is all of them.
+/// and, if that is all of them, their digests.
 #[inline(always)]
-pub fn to_append(owner: Owner, stack: &UserStack, limit: u32) -> (u32, bool) {
-    let kept = slot(owner).map_or(0, |tail| tail.len.min(TAIL_FRAMES as u32));
+pub fn to_append(owner: Owner, stack: &UserStack, limit: u32) -> (u32, Option<(u64, u64)>) {
+    let Some(tail) = slot(owner) else { return (0, None) };
+    let kept = tail.len.min(TAIL_FRAMES as u32);
     let room = limit.saturating_sub(stack.len);
-    (kept.min(room), kept <= room)
+    (kept.min(room), (kept <= room).then_some((tail.digest, tail.digest_check)))
 }
 
 /// Appends the owner's kept frame `i` to the stack, mixing it into the hashes as the walk
@@ -104,8 +125,7 @@ pub fn append(owner: Owner, i: u32, stack: &mut UserStack, hash: &mut u64, check
     let (Some(&frame), Some(to)) = (tail.frames.get(opaque(i as u64) as usize), frame_at(&mut stack.frames, stack.len)) else { return 1 };
     *to = frame;
     stack.len += 1;
-    *hash = mix(*hash, frame);
-    *check = mix(check.rotate_left(23), frame);
+    mix_frame(hash, check, frame);
     0
 }
 
@@ -116,26 +136,30 @@ pub fn append(owner: Owner, i: u32, stack: &mut UserStack, hash: &mut u64, check
 pub fn to_keep(owner: Owner, anchor: Anchor, stack: &UserStack) -> u32 {
     let Some(tail) = slot(owner) else { return 0 };
     tail.len = 0;
+    (tail.digest, tail.digest_check) = DIGEST_SEEDS;
     match stack.len.checked_sub(anchor.len) {
         Some(len) if len <= TAIL_FRAMES as u32 => len,
         _ => 0,
     }
 }
 
-/// Copies the stack's frame `i` after the anchor into the owner's slot (a `bpf_loop` step).
+/// Copies the stack's frame `i` after the anchor into the owner's slot, folding it into the
+/// digests (a `bpf_loop` step).
 #[inline(always)]
 pub fn keep(owner: Owner, anchor: Anchor, i: u32, stack: &mut UserStack) -> i64 {
     let Some(tail) = slot(owner) else { return 1 };
     let (Some(&mut frame), Some(to)) = (frame_at(&mut stack.frames, anchor.len + i), tail.frames.get_mut(opaque(i as u64) as usize)) else { return 1 };
     *to = frame;
+    mix_frame(&mut tail.digest, &mut tail.digest_check, frame);
     0
 }
 
-/// Marks the owner's slot as holding `len` frames below `anchor`, once they are copied.
+/// Marks the owner's slot as holding `len` frames below `anchor`, once they are copied; their
+/// digests.
 #[inline(always)]
-pub fn mark_kept(owner: Owner, anchor: Anchor, len: u32) {
-    if let Some(tail) = slot(owner) {
-        (tail.pid_tgid, tail.tag, tail.generation, tail.cfa, tail.ra) = (owner.pid_tgid, owner.tag, owner.generation, anchor.cfa, anchor.ra);
-        tail.len = len;
-    }
+pub fn mark_kept(owner: Owner, anchor: Anchor, len: u32) -> Option<(u64, u64)> {
+    let tail = slot(owner)?;
+    (tail.pid_tgid, tail.tag, tail.generation, tail.cfa, tail.ra) = (owner.pid_tgid, owner.tag, owner.generation, anchor.cfa, anchor.ra);
+    tail.len = len;
+    Some((tail.digest, tail.digest_check))
 }

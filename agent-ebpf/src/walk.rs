@@ -22,7 +22,7 @@ use aya_ebpf::{
 use crate::{
     announce::announce_unmapped,
     buffers::{bump, BufferSet},
-    hash::mix,
+    hash::{mix, mix_frame},
     opaque::{opaque, sign_bit},
     python,
     tails::{self, Anchor, Owner},
@@ -184,6 +184,9 @@ struct Walk {
 pub struct Walked {
     id: u32,
     check: u64,
+    /// Frames kept below an anchor that the stack has but the buffer does not hold yet:
+    /// `store` copies them in if the stack is new.
+    pending: u32,
 }
 
 impl Walked {
@@ -295,23 +298,36 @@ pub fn walk(set: &BufferSet, tgid: u32, tag: u16, regs: Option<&pt_regs>) -> Res
         }
     }
     let (anchor, owner) = unsafe { (core::ptr::read_volatile(&(*scratch).anchor), (*scratch).owner) };
+    let mut pending = 0;
     if anchor.kept == 1 {
         let limit = native_frames(stack);
-        let (frames, whole) = tails::to_append(owner, stack, limit);
-        let appended = unsafe { bpf_loop(frames, append_step as *mut c_void, &mut walk as *mut Walk as *mut c_void, 0) };
-        stack.stop = if whole && appended == frames as i64 { unwind_stop::END } else { unwind_stop::DEPTH };
+        match tails::to_append(owner, stack, limit) {
+            // The frames' digests stand for them: they are copied only into a new stack.
+            (frames, Some((digest, digest_check))) => {
+                (state.hash, state.check) = tails::hashes_below(anchor, digest, digest_check);
+                (pending, stack.stop) = (frames, unwind_stop::END);
+            }
+            // More than the stack has room for (a deep native stack above): copied and mixed
+            // one by one, as far as they fit.
+            (frames, None) => {
+                unsafe { bpf_loop(frames, append_step as *mut c_void, &mut walk as *mut Walk as *mut c_void, 0) };
+                stack.stop = unwind_stop::DEPTH;
+            }
+        }
         bump(set, counter::UNWIND_TAILS_KEPT);
     } else if anchor.len > 0 && stack.stop == unwind_stop::END {
         let frames = tails::to_keep(owner, anchor, stack);
         if frames > 0 && unsafe { bpf_loop(frames, keep_step as *mut c_void, &mut walk as *mut Walk as *mut c_void, 0) } == frames as i64 {
-            tails::mark_kept(owner, anchor, frames);
+            if let Some((digest, digest_check)) = tails::mark_kept(owner, anchor, frames) {
+                (state.hash, state.check) = tails::hashes_below(anchor, digest, digest_check);
+            }
         }
     }
     bump(set, counter::UNWIND_STOPS + stack.stop.min(unwind_stop::COUNT - 1));
     stack.stop |= unsafe { core::ptr::read_volatile(&(*scratch).unloaded) };
-    let hash = mix(state.hash, ((stack.stop as u64) << 32) | stack.len as u64);
+    let hash = mix(state.hash, ((stack.stop as u64) << 32) | (stack.len + pending) as u64);
     stack.check = mix(state.check, hash);
-    Ok(Walked { id: ((hash ^ (hash >> 32)) & 0x7fff_ffff) as u32, check: stack.check })
+    Ok(Walked { id: ((hash ^ (hash >> 32)) & 0x7fff_ffff) as u32, check: stack.check, pending })
 }
 
 /// How many native frames the stack has room for after its Python frames. Loaded from the
@@ -350,11 +366,18 @@ pub fn forget_process(tgid: u32) {
 /// status (counted).
 #[inline(always)]
 pub fn store(set: &BufferSet, walked: Walked, key: &mut SampleKey) {
-    let Some(stack) = WALK.get_ptr(0) else { return key.user_stack_id = stack_status::ERROR };
-    let stack = unsafe { &*stack };
+    let (Some(stack), Some(scratch)) = (WALK.get_ptr_mut(0), SCRATCH.get_ptr_mut(0)) else { return key.user_stack_id = stack_status::ERROR };
     let id = walked.id;
-    let same = |existing: *const UserStack| unsafe { (*existing).check == stack.check && (*existing).len == stack.len };
-    let status = if let Some(existing) = set.user_stack(id) {
+    let len = unsafe { (*stack).len } + walked.pending;
+    let same = |existing: *const UserStack| unsafe { (*existing).check == (*stack).check && (*existing).len == len };
+    let existing = set.user_stack(id);
+    if existing.is_none() {
+        // New: its kept frames are copied in now (the hashes they go into are final already).
+        let mut walk = Walk { stack, scratch };
+        unsafe { bpf_loop(walked.pending, append_step as *mut c_void, &mut walk as *mut Walk as *mut c_void, 0) };
+    }
+    let stack = unsafe { &*stack };
+    let status = if let Some(existing) = existing {
         if same(existing) {
             return walked.name_in(key);
         }
@@ -400,8 +423,7 @@ extern "C" fn step(index: u64, context: *mut c_void) -> i64 {
     let frame = state.regs;
     *slot = frame.pc;
     stack.len += 1;
-    state.hash = mix(state.hash, frame.pc);
-    state.check = mix(state.check.rotate_left(23), frame.pc);
+    mix_frame(&mut state.hash, &mut state.check, frame.pc);
     let pc = looked_up(frame.pc, index);
     match caller(walk, frame, pc) {
         Ok(regs) => {
@@ -409,7 +431,7 @@ extern "C" fn step(index: u64, context: *mut c_void) -> i64 {
             scratch.regs = regs;
             // An anchor frame: one compare of the range, one branch for the verifier to follow.
             if pc.wrapping_sub(scratch.anchor_start) < scratch.anchor_end.wrapping_sub(scratch.anchor_start) {
-                return tails::met(scratch.owner, &mut scratch.anchor, Anchor { cfa: regs.sp, ra: regs.pc, len: stack.len, kept: 0 });
+                return tails::met(scratch.owner, &mut scratch.anchor, Anchor { cfa: regs.sp, ra: regs.pc, len: stack.len, kept: 0, hash: scratch.hash, check: scratch.check });
             }
             0
         }
