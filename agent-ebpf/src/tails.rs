@@ -1,11 +1,12 @@
 //! Each CPU keeps, per thread, the native frames a walk found below an anchor: a frame of code
 //! whose callers stay put while it runs (the outermost run of Python's evaluation loop, below
-//! which lie the interpreter's start-up and `main`). A later walk of the thread that reaches
-//! an anchor frame with the same CFA and return address copies those frames instead of
-//! walking them: on Debian's python3 they are a dozen frames of table rows and stack reads.
-//! The copies are `bpf_loop` steps of their own: inlined in the walk's end, which every
-//! program that walks a stack inlines, their branches were paths for the verifier to follow
-//! in each of those programs.
+//! which lie the interpreter's start-up and `main`), with a digest of them. A later walk of
+//! the thread that reaches an anchor frame with the same CFA and return address takes them
+//! instead of walking them (on Debian's python3 a dozen frames of table rows and stack reads):
+//! it mixes their digest into its hashes, and the frames are copied only into a stack new to
+//! the interval. The copies are `bpf_loop` steps of their own: inlined in the walk's end,
+//! which every program that walks a stack inlines, their branches were paths for the verifier
+//! to follow in each of those programs.
 use agent_common::{UserStack, MAX_USER_FRAMES};
 use aya_ebpf::{macros::map, maps::PerCpuArray};
 

@@ -201,7 +201,7 @@ mod tests {
         time::{Duration, Instant},
     };
 
-    use agent_common::{block_state, OffCpuStart};
+    use agent_common::OffCpuStart;
 
     use super::*;
     use crate::kernel::{KernelSettings, OffCpuSettings};
@@ -221,9 +221,8 @@ mod tests {
         assert_eq!(unsafe { libc::geteuid() }, 0, "this test loads BPF programs: run it as root");
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let _entered = runtime.enter();
-        let all_states = block_state::PREEMPTED | block_state::SLEEPING | block_state::UNINTERRUPTIBLE;
         let settings = KernelSettings {
-            off_cpu: Some(OffCpuSettings { states: all_states, min_block_ns: 0, max_block_ns: u64::MAX, ratio: 1, max_threads: 64 }),
+            off_cpu: Some(OffCpuSettings::for_tests()),
             pids: vec![std::process::id()],
             ..KernelSettings::for_tests()
         };

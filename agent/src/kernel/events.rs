@@ -157,3 +157,12 @@ pub struct OffCpuSettings {
     /// it exits. Blocks of threads beyond are counted as `off_cpu_table_full`.
     pub max_threads: u32,
 }
+
+#[cfg(test)]
+impl OffCpuSettings {
+    /// Every block of every state, whatever its length, for up to 64 threads.
+    pub fn for_tests() -> OffCpuSettings {
+        let states = agent_common::block_state::PREEMPTED | agent_common::block_state::SLEEPING | agent_common::block_state::UNINTERRUPTIBLE;
+        OffCpuSettings { states, min_block_ns: 0, max_block_ns: u64::MAX, ratio: 1, max_threads: 64 }
+    }
+}

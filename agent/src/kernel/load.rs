@@ -365,7 +365,7 @@ fn take(ebpf: &mut Ebpf, name: &str) -> Result<aya::maps::Map> {
 mod tests {
     use std::time::Duration;
 
-    use agent_common::{block_state, names};
+    use agent_common::names;
 
     use super::*;
     use crate::kernel::{AllocSettings, KernelSettings, NetEvent, OffCpuSettings};
@@ -380,10 +380,9 @@ mod tests {
         assert_eq!(unsafe { libc::geteuid() }, 0, "this test loads BPF programs: run it as root");
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let _entered = runtime.enter();
-        let all_states = block_state::PREEMPTED | block_state::SLEEPING | block_state::UNINTERRUPTIBLE;
         let settings = KernelSettings {
             cpu: true,
-            off_cpu: Some(OffCpuSettings { states: all_states, min_block_ns: 0, max_block_ns: u64::MAX, ratio: 1, max_threads: 64 }),
+            off_cpu: Some(OffCpuSettings::for_tests()),
             net: (0..names::NET_PROGRAMS.len()).map(NetEvent).collect(),
             fault_period: Some(1000),
             alloc: Some(AllocSettings { mean_bytes: 1 << 19, max_live: 64, leak_age: Duration::from_secs(60), probe_for: None }),
