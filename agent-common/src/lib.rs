@@ -26,7 +26,7 @@ pub use python::{
 pub use rates::Rates;
 pub use sample::{kind, stack_status, SampleKey, SampleValue, COMM_LEN, IFNAMSIZ};
 pub use unwind::{
-    row_kind, unwind_stop, ExecMapping, PageRows, ProcessMappings, UnwindRow, UserStack, MAX_MAPPINGS, MAX_TABLE_ROWS, MAX_USER_FRAMES,
+    row_kind, unwind_stop, ExeKey, ExeTemplate, ExecMapping, PageRows, ProcessMappings, UnwindRow, UserStack, MAX_MAPPINGS, MAX_TABLE_ROWS, MAX_USER_FRAMES,
     UNWIND_PAGE,
 };
 
@@ -49,6 +49,8 @@ mod pod {
     unsafe impl aya::Pod for super::UserStack {}
     unsafe impl aya::Pod for super::UnwindRow {}
     unsafe impl aya::Pod for super::ProcessMappings {}
+    unsafe impl aya::Pod for super::ExeKey {}
+    unsafe impl aya::Pod for super::ExeTemplate {}
     unsafe impl aya::Pod for super::ExecMapping {}
     unsafe impl aya::Pod for super::PageRows {}
     unsafe impl aya::Pod for super::PythonProcess {}

@@ -12,6 +12,7 @@ pub const UNWIND_PAGES: &str = "UNWIND_PAGES";
 pub const MAPPINGS: &str = "MAPPINGS";
 /// Per process (tgid): where its mappings are in `MAPPINGS`.
 pub const PROCESS_MAPPINGS: &str = "PROCESS_MAPPINGS";
+pub const EXE_TEMPLATES: &str = "EXE_TEMPLATES";
 /// Per process (tgid): its CPython interpreter, for the Python walk (`PythonProcess`).
 pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
 /// Both sets' counters: set A's `counter::COUNT`, then set B's.

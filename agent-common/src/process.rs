@@ -9,7 +9,10 @@ pub struct ProcessEvent {
     pub tag: u16,
     /// 1 when sent at exec, before the loader has mapped the libraries; else 0.
     pub at_exec: u8,
-    pub _pad: u8,
+    /// 1 when the exec program pointed the process at its executable's template
+    /// (`ExeTemplate`): the walker has its mappings already, and the event was sent without
+    /// waking userspace.
+    pub from_template: u8,
     /// 0 for a process seen for the first time or after exec. Else a pc where a user-stack
     /// walk ended outside every mapping userspace gave the walker: code mapped since they
     /// were read (a library loaded with dlopen) if no mapping userspace knows holds it.

@@ -133,4 +133,29 @@ pub struct ProcessMappings {
     /// the same (workers forked from one parent) share them, and the rows the walker keeps
     /// under this generation. Never 0, and never given to other mappings.
     pub generation: u32,
+    pub _pad: u32,
+    /// How far this process's code lies from the addresses of the mappings (a multiple of
+    /// the page size): the walker looks a pc up as `pc - slide`. Processes of one executable
+    /// loaded at different places (address space randomisation) share its mappings so.
+    pub slide: u64,
+}
+
+/// An executable as the kernel names it at exec (`ExeImage`): the key of its template.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ExeKey {
+    pub inode: u64,
+    pub dev: u32,
+    pub _pad: u32,
+}
+
+/// The mappings of a process that maps only its executable, as userspace loaded them for
+/// one, whose code started at `code_start`: the exec program points each new process of that
+/// executable at them (slid by where its code starts), so that its first samples are walked
+/// with the executable's table before userspace has heard of it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExeTemplate {
+    pub mappings: ProcessMappings,
+    pub code_start: u64,
 }

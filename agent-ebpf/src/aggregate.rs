@@ -30,7 +30,7 @@ pub fn add_to_existing(set: &BufferSet, key: &SampleKey, count: u64, total: u64)
 pub fn record_new(set: &BufferSet, key: &SampleKey, count: u64, total: u64) {
     // Only here can the process be new to userspace, so the hot path (existing key) skips
     // the lookup of known processes.
-    announce_process(key.tgid, key.process_tag, told::RUNNING, set);
+    announce_process(key.tgid, key.process_tag, told::RUNNING, false, set);
     if set.insert_aggregate(key, &SampleValue { count, total }).is_err() {
         // Either the map is full, or another CPU inserted the key first: retry once.
         if !add_to_existing(set, key, count, total) {

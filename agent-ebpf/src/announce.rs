@@ -2,7 +2,7 @@
 //! while it runs), and when a walk meets code outside the mappings it was given.
 use agent_common::{counter, ExeImage, ProcessEvent, COMM_LEN};
 use aya_ebpf::{
-    bindings::{BPF_EXIST, BPF_NOEXIST},
+    bindings::{BPF_EXIST, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::bpf_get_current_pid_tgid,
     macros::map,
     maps::{LruHashMap, RingBuf},
@@ -17,7 +17,8 @@ use crate::{
 #[map]
 pub static KNOWN_TGIDS: LruHashMap<u32, u8> = LruHashMap::with_max_entries(16384, 0);
 #[map]
-pub static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(64 * 1024, 0);
+pub static PROCESS_EVENTS: RingBuf = RingBuf::with_byte_size(PROCESS_EVENT_BYTES, 0);
+const PROCESS_EVENT_BYTES: u32 = 64 * 1024;
 
 /// What userspace has been told of a process (the values of `KNOWN_TGIDS`).
 pub mod told {
@@ -32,15 +33,17 @@ pub mod told {
     pub const EXITED: u8 = u8::MAX;
 }
 
-/// Tells userspace about a process at `stage` (`told`), unless it was told already. If the
-/// ring buffer is full, forget the process again so that the next event retries.
+/// Tells userspace about a process at `stage` (`told`), unless it was told already; whether
+/// it was told now. If the ring buffer is full, forget the process again so that the next
+/// event retries. `from_template`: the walker has the process's mappings from its
+/// executable's template, so userspace need not be woken for it (`ProcessEvent`).
 #[inline(always)]
-pub fn announce_process(tgid: u32, tag: u16, stage: u8, set: &BufferSet) {
+pub fn announce_process(tgid: u32, tag: u16, stage: u8, from_template: bool, set: &BufferSet) -> bool {
     if tgid == 0 {
-        return;
+        return false;
     }
     let flags = match unsafe { KNOWN_TGIDS.get(&tgid) } {
-        Some(&known) if known >= stage => return,
+        Some(&known) if known >= stage => return false,
         Some(_) => BPF_EXIST,
         None => BPF_NOEXIST,
     };
@@ -48,19 +51,22 @@ pub fn announce_process(tgid: u32, tag: u16, stage: u8, set: &BufferSet) {
     // Mid-exec, its new memory holds no code yet, and /proc would show a half-built image
     // under either life: the exec announces the new one once it is built.
     if current && current_code_start() == 0 {
-        return;
+        return false;
     }
     if KNOWN_TGIDS.insert(&tgid, &stage, flags as u64).is_err() {
-        return; // another CPU announced it first
+        return false; // another CPU announced it first
     }
     // The start time can only be read from the process itself (an event may be attributed to
     // another task: a socket's last sender).
     let (current_tag, start) = current_life();
     let own = current && current_tag == tag;
-    if !send(tgid, tag, stage == told::AT_EXEC, 0, own.then_some(start)) {
+    let event = Event { tgid, tag, at_exec: stage == told::AT_EXEC, from_template, pc: 0 };
+    if !send(event, own.then_some(start)) {
         let _ = KNOWN_TGIDS.remove(&tgid);
         bump(set, counter::PROCESS_EVENT_LOST);
+        return false;
     }
+    true
 }
 
 /// Megabytes of a process's address space (tgid << 32 | pc >> 20) where walks met code
@@ -85,25 +91,40 @@ pub fn announce_unmapped(tgid: u32, tag: u16, pc: u64, set: &BufferSet) {
     }
     let _ = UNMAPPED_TOLD.insert(&region, &told, 0);
     // The walk was the current task's. (Its life is the one its samples are keyed by.)
-    if !send(tgid, tag, false, pc, Some(current_life().1)) {
+    if !send(Event { tgid, tag, at_exec: false, from_template: false, pc }, Some(current_life().1)) {
         bump(set, counter::PROCESS_EVENT_LOST);
     }
 }
 
+/// What a `ProcessEvent` says besides what the process itself tells.
+struct Event {
+    tgid: u32,
+    tag: u16,
+    at_exec: bool,
+    from_template: bool,
+    pc: u64,
+}
+
+/// Waiting events that make userspace take them even if none asks to wake it: a quarter of
+/// the ring, so that a burst of processes started fills it no further while userspace runs.
+const WAKE_AT_BYTES: u64 = PROCESS_EVENT_BYTES as u64 / 4;
+
 /// Sends a `ProcessEvent`, written in place in the ring buffer (the programs that announce
 /// have little stack to spare). `own_start`: the process's start if the current task is
 /// the process, which then tells its stack, executable and name too. False if it is full.
+/// Userspace is woken at once unless the walker needs nothing from it for this event: that
+/// one waits for the next that does, for the drain, or for the ring to fill.
 #[inline(always)]
-fn send(tgid: u32, tag: u16, at_exec: bool, pc: u64, own_start: Option<u64>) -> bool {
+fn send(what: Event, own_start: Option<u64>) -> bool {
     let Some(mut entry) = PROCESS_EVENTS.reserve::<ProcessEvent>(0) else { return false };
     let event = entry.as_mut_ptr();
     // SAFETY: the entry is reserved for a ProcessEvent, and every field is written below.
     unsafe {
-        (*event).tgid = tgid;
-        (*event).tag = tag;
-        (*event).at_exec = at_exec as u8;
-        (*event)._pad = 0;
-        (*event).pc = pc;
+        (*event).tgid = what.tgid;
+        (*event).tag = what.tag;
+        (*event).at_exec = what.at_exec as u8;
+        (*event).from_template = what.from_template as u8;
+        (*event).pc = what.pc;
         match own_start {
             Some(start) => {
                 (*event).start_ns = start;
@@ -119,6 +140,9 @@ fn send(tgid: u32, tag: u16, at_exec: bool, pc: u64, own_start: Option<u64>) -> 
             }
         }
     }
-    entry.submit(0);
+    // Waking always when asked to: an adaptive wake-up (flags 0) is skipped while events
+    // that did not wake userspace wait unread.
+    let wake = !what.from_template || PROCESS_EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= WAKE_AT_BYTES;
+    entry.submit(if wake { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP } as u64);
     true
 }

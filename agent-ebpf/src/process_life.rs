@@ -83,11 +83,13 @@ pub fn process_fork(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// After exec a process has new mappings: forget its old ones, and announce it at once, so
-/// that the tables of its binary are loaded before its first sample: on a busy host a
-/// short-lived process may be sampled once or twice in all, and a walk made before its tables
-/// are loaded stops at the first frame without a frame pointer. Its first event announces it
-/// again, to read the libraries the loader has mapped since.
+/// After exec a process has new mappings: forget its old ones, and have the tables of its
+/// binary in place before its first sample: on a busy host a short-lived process may be
+/// sampled once or twice in all, and a walk made before its tables are loaded stops at the
+/// first frame without a frame pointer. An executable userspace has a template for is put in
+/// place here, and userspace is told without being woken; any other is announced at once,
+/// for userspace to load. Its first event announces it again, to read the libraries the
+/// loader has mapped since.
 #[tracepoint]
 pub fn process_exec(ctx: TracePointContext) -> u32 {
     let tgid = ctx.tgid();
@@ -95,7 +97,14 @@ pub fn process_exec(ctx: TracePointContext) -> u32 {
     // Under the CPU budget's pause of exec captures, the process is announced at its first
     // event instead, which the sampling rates bound.
     if passes_filters(tgid) && rates().exec_announcements_paused == 0 {
-        announce_process(tgid, current_life().0, told::AT_EXEC, &active_set());
+        // In place before the event is sent: userspace may take it at once, and then finds
+        // the walker pointed at the template it was told of.
+        let from_template = walk::load_from_template(tgid);
+        if !announce_process(tgid, current_life().0, told::AT_EXEC, from_template, &active_set()) && from_template {
+            // Userspace must know of every process pointed at a template, which it frees
+            // once no process it knows has it.
+            walk::forget_process(tgid);
+        }
     }
     0
 }
@@ -128,7 +137,7 @@ pub fn area_placed(ctx: TracePointContext) -> u32 {
     let set = active_set();
     bump(&set, counter::CODE_REPLACED);
     if passes_filters(tgid) {
-        announce_process(tgid, current_life().0, told::RUNNING, &set);
+        announce_process(tgid, current_life().0, told::RUNNING, false, &set);
     }
     0
 }

@@ -6,7 +6,7 @@
 use core::ffi::c_void;
 
 use agent_common::{
-    counter, python_stop, row_kind, stack_status, unwind_stop, ExecMapping, ProcessMappings, SampleKey, UnwindRow, UserStack, MAX_MAPPINGS,
+    counter, python_stop, row_kind, stack_status, unwind_stop, ExeKey, ExeTemplate, ExecMapping, ProcessMappings, SampleKey, UnwindRow, UserStack, MAX_MAPPINGS,
     MAX_USER_FRAMES, PageRows, UNWIND_PAGE,
 };
 use aya_ebpf::{
@@ -26,7 +26,7 @@ use crate::{
     opaque::{opaque, sign_bit},
     python,
     tails::{self, Anchor, Owner},
-    task::current_code_start,
+    task::{current_code_start, current_exe},
 };
 
 /// Every loaded table's rows; userspace sizes it to the table memory budget and fills it
@@ -44,6 +44,10 @@ static MAPPINGS: Array<ExecMapping> = Array::with_max_entries(1, BPF_F_MMAPABLE)
 /// Per tgid, where its mappings are in MAPPINGS.
 #[map]
 static PROCESS_MAPPINGS: HashMap<u32, ProcessMappings> = HashMap::with_max_entries(16384, 0);
+/// Per executable, the mappings a process that maps only it is pointed at at exec
+/// (`ExeTemplate`), for those userspace has loaded.
+#[map]
+static EXE_TEMPLATES: HashMap<ExeKey, ExeTemplate> = HashMap::with_max_entries(4096, 0);
 /// The stack being walked on this CPU (too large for the BPF stack).
 #[map]
 static WALK: PerCpuArray<UserStack> = PerCpuArray::with_max_entries(1, 0);
@@ -266,7 +270,8 @@ pub fn walk(set: &BufferSet, tgid: u32, tag: u16, regs: Option<&pt_regs>) -> Res
     }
     if let Some(python) = &python {
         if mappings.count > 0 {
-            unsafe { ((*scratch).anchor_start, (*scratch).anchor_end) = (python.eval_start, python.eval_end) };
+            let slid = |pc: u64| pc.wrapping_sub(mappings.slide);
+            unsafe { ((*scratch).anchor_start, (*scratch).anchor_end) = (slid(python.eval_start), slid(python.eval_end)) };
         }
     }
     unsafe { ((*scratch).hash, (*scratch).check) = (hash, check) };
@@ -284,7 +289,7 @@ pub fn walk(set: &BufferSet, tgid: u32, tag: u16, regs: Option<&pt_regs>) -> Res
     // in a mapping other than the last one searched.
     let mappings = state.mappings;
     if mappings.count > 0 {
-        let pc = state.regs.pc;
+        let pc = state.regs.pc.wrapping_sub(mappings.slide);
         let looked_up = looked_up(pc, (stack.len as u64).saturating_sub(1));
         let kept = &state.rows[KeptRow::slot(looked_up)];
         if !state.mapping.covers(pc) && !kept.holds(looked_up, mappings.generation) {
@@ -293,8 +298,9 @@ pub fn walk(set: &BufferSet, tgid: u32, tag: u16, regs: Option<&pt_regs>) -> Res
         // Loaded from the map either way: one path on from here for the verifier.
         let outside = unsafe { core::ptr::read_volatile(&(*scratch).outside) };
         // Not code: a wrong return address.
-        if in_user_space(outside) {
-            announce_unmapped(tgid, tag, outside, set);
+        let unslid = outside.wrapping_add(mappings.slide);
+        if outside != 0 && in_user_space(unslid) {
+            announce_unmapped(tgid, tag, unslid, set);
         }
     }
     let (anchor, owner) = unsafe { (core::ptr::read_volatile(&(*scratch).anchor), (*scratch).owner) };
@@ -347,12 +353,23 @@ pub fn maps_code_in(tgid: u32, range: impl FnOnce() -> (u64, u64)) -> bool {
     if end <= start {
         return false;
     }
+    let (start, end) = (start.wrapping_sub(mappings.slide), end.wrapping_sub(mappings.slide));
     // The mappings are sorted and apart: of those that start before `end`, only the last can
     // reach past `start`.
     let Some(last) = search(mappings.count, MAPPING_STEPS, |i| Some(MAPPINGS.get(mappings.first + i)?.start), end - 1) else {
         return false;
     };
     MAPPINGS.get(mappings.first + last).is_some_and(|m| m.start < end && start < m.end)
+}
+
+/// Points the current process (`tgid`, just exec'd) at its executable's template, slid to
+/// where its code is, if userspace left one; whether it did.
+#[inline(always)]
+pub fn load_from_template(tgid: u32) -> bool {
+    let exe = current_exe();
+    let Some(template) = (unsafe { EXE_TEMPLATES.get(&ExeKey { inode: exe.inode, dev: exe.dev, _pad: 0 }) }) else { return false };
+    let mappings = ProcessMappings { slide: exe.code_start.wrapping_sub(template.code_start), ..template.mappings };
+    PROCESS_MAPPINGS.insert(&tgid, &mappings, 0).is_ok()
 }
 
 /// The process exited or exec'd, or code of it was replaced: its mappings no longer hold.
@@ -424,7 +441,8 @@ extern "C" fn step(index: u64, context: *mut c_void) -> i64 {
     *slot = frame.pc;
     stack.len += 1;
     mix_frame(&mut state.hash, &mut state.check, frame.pc);
-    let pc = looked_up(frame.pc, index);
+    // Mappings, rows kept and anchors are in the mappings' addresses.
+    let pc = looked_up(frame.pc, index).wrapping_sub(state.mappings.slide);
     match caller(walk, frame, pc) {
         Ok(regs) => {
             let scratch = unsafe { &mut *walk.scratch };

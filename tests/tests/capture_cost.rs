@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use ember_tests::{compile_c, fetch_metrics, metric, metric_value, require_root, transport::free_address, wait_for_metric, Agent, Decoded, Fixture, TempDir, TestCgroups};
+use ember_tests::{compile_c, usage::context_switches, fetch_metrics, metric, metric_value, require_root, transport::free_address, wait_for_metric, Agent, Decoded, Fixture, TempDir, TestCgroups};
 
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
 
@@ -46,15 +46,30 @@ fn open_bin_true(http: std::net::SocketAddr) {
     }
 }
 
-/// The captures counted before and after 200 processes, then stops the agent.
-fn captures_around_churn(agent: Agent, http: std::net::SocketAddr) -> ((f64, f64), (f64, f64)) {
-    let before = captures(http);
+/// Around 200 processes: the captures counted before, and after the agent drained once
+/// more (it takes the processes the kernel told of without waking it at the latest then),
+/// and the agent's context switches while they ran. Then stops the agent.
+fn captures_around_churn(agent: Agent, http: std::net::SocketAddr) -> Churned {
+    let from_template = || metric_value(&fetch_metrics(http), "ember_exec_templates_used_total").unwrap_or(0.0);
+    let (before, templated) = (captures(http), from_template());
+    let switched = context_switches(agent.pid());
     churn(200);
-    std::thread::sleep(Duration::from_millis(500));
-    let after = captures(http);
+    let switches = context_switches(agent.pid()) - switched;
+    let drained = metric_value(&fetch_metrics(http), "ember_intervals_total").unwrap_or(0.0);
+    wait_for_metric(http, "ember_intervals_total", Duration::from_secs(30), |n| n > drained);
+    let (after, from_template) = (captures(http), from_template() - templated);
     agent.signal(libc::SIGTERM);
     agent.wait_success(Duration::from_secs(30));
-    (before, after)
+    Churned { before, after, switches, from_template }
+}
+
+struct Churned {
+    /// Captures (exec, /proc).
+    before: (f64, f64),
+    after: (f64, f64),
+    switches: u64,
+    /// Processes the exec program pointed at their executable's template.
+    from_template: f64,
 }
 
 fn daemon(dir: &TempDir, filter: &[&str], http: std::net::SocketAddr) -> Agent {
@@ -79,7 +94,7 @@ fn processes_the_filters_exclude_cost_no_capture() {
     let http = free_address();
     let mut target: Child = Command::new("sleep").arg("30").spawn().expect("starting sleep");
     let pid = target.id().to_string();
-    let (before, after) = captures_around_churn(daemon(&dir, &["--pid", &pid], http), http);
+    let Churned { before, after, .. } = captures_around_churn(daemon(&dir, &["--pid", &pid], http), http);
     let _ = target.kill();
     let _ = target.wait();
     // The target itself was read at start-up.
@@ -87,20 +102,26 @@ fn processes_the_filters_exclude_cost_no_capture() {
     assert_eq!(after, before, "200 processes outside --pid were captured (exec, proc): {before:?} -> {after:?}");
 }
 
+/// Processes of a binary the agent has open are captured from what the kernel told at
+/// their exec, with nothing read; the exec program points them at the binary's template,
+/// and the agent is not woken for each (it is for those sampled, which read their libraries).
 #[test]
-fn processes_that_exec_a_binary_already_open_are_captured_without_reading_proc() {
+fn processes_that_exec_a_binary_already_open_are_captured_without_reading_proc_or_waking_the_agent() {
     require_root();
     let dir = TempDir::new("capture-exec");
     let http = free_address();
     let agent = daemon(&dir, &[], http);
     open_bin_true(http);
-    let (before, after) = captures_around_churn(agent, http);
+    let Churned { before, after, switches, from_template } = captures_around_churn(agent, http);
     let (exec, proc) = (after.0 - before.0, after.1 - before.1);
-    println!("200 runs of /bin/true: {exec} captured from their exec, {proc} from /proc");
+    println!("200 runs of /bin/true: {exec} captured from their exec, {proc} from /proc; {from_template} walked from the template; the agent switched {switches} times");
     // /bin/true is open: most runs are captured from their exec. Those sampled (99 Hz, a
     // millisecond each) and other processes of the host are read from /proc.
     assert!(exec >= 190.0, "{exec} of 200 execs of a known binary captured from the exec ({proc} from /proc)");
     assert!(proc < exec / 4.0, "{proc} captures read /proc beside {exec} from exec");
+    assert!(from_template >= 190.0, "{from_template} of 200 processes of a known binary pointed at its template");
+    // Woken for each, it switched more than 200 times.
+    assert!(switches < 60, "the agent switched {switches} times while 200 processes of a known binary started");
 }
 
 /// A binary that only short processes run (a cron job, a health check) stays open after its

@@ -374,9 +374,10 @@ fn short_lived_processes_are_named() {
     let beyond_user_space = |f: &str| f.strip_prefix("[unmapped]+0x").and_then(|a| u64::from_str_radix(a, 16).ok()).is_some_and(|a| a >= 1 << 47);
     let shown: Vec<&str> = samples.iter().flat_map(|s| &s.frames).map(|f| f.function.as_str()).filter(|f| beyond_user_space(f)).collect();
     assert!(shown.is_empty(), "frames beyond user space: {shown:?}");
-    // Two dozen processes share two CPUs: each is sampled once or twice in its life. Announced
-    // at exec, most have their tables loaded by then, and their stacks (built without frame
-    // pointers) reach main: 77-79% in `bench churn`, 41-42% when a process was first announced
-    // by its first sample, which was then walked by frame pointers.
-    assert!(complete as f64 >= 0.6 * in_work as f64, "{complete} of {in_work} samples in churn_work reach main");
+    // Two dozen processes share two CPUs: each is sampled once or twice in its life. Once
+    // the agent has loaded churn_child for one of them, the exec program points each next one
+    // at that template, so even its first sample has churn_child's table, and its stack (built
+    // without frame pointers) reaches main: 99.9-100% here; 76-84% when the agent loaded each
+    // on hearing of its exec, 41-42% when each was first announced by its first sample.
+    assert!(complete as f64 >= 0.95 * in_work as f64, "{complete} of {in_work} samples in churn_work reach main");
 }

@@ -250,6 +250,7 @@ impl Sampler {
             Array::try_from(take(&mut ebpf, names::UNWIND_PAGES)?)?,
             Array::try_from(take(&mut ebpf, names::MAPPINGS)?)?,
             BpfHashMap::try_from(take(&mut ebpf, names::PROCESS_MAPPINGS)?)?,
+            BpfHashMap::try_from(take(&mut ebpf, names::EXE_TEMPLATES)?)?,
             BpfHashMap::try_from(take(&mut ebpf, names::PYTHON_PROCESSES)?)?,
         )?;
         let barrier = ProgramBarrier::new(active.map().fd().as_fd().as_raw_fd())?;

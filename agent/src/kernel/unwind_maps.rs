@@ -8,7 +8,7 @@
 //! through one made per write, so that their pages do not stay in the agent's memory.
 use std::os::fd::{AsFd as _, AsRawFd as _};
 
-use agent_common::{ExecMapping, PageRows, ProcessMappings, PythonProcess, UnwindRow};
+use agent_common::{ExeKey, ExeTemplate, ExecMapping, PageRows, ProcessMappings, PythonProcess, UnwindRow};
 use anyhow::{bail, Context as _, Result};
 use memmap2::{MmapOptions, MmapRaw};
 use aya::{
@@ -23,6 +23,7 @@ pub struct UnwindMaps {
     /// The whole mappings array, mapped shared.
     mappings_window: MmapRaw,
     processes: BpfHashMap<MapData, u32, ProcessMappings>,
+    templates: BpfHashMap<MapData, ExeKey, ExeTemplate>,
     pythons: BpfHashMap<MapData, u32, PythonProcess>,
 }
 
@@ -32,12 +33,13 @@ impl UnwindMaps {
         pages: Array<MapData, PageRows>,
         mappings: Array<MapData, ExecMapping>,
         processes: BpfHashMap<MapData, u32, ProcessMappings>,
+        templates: BpfHashMap<MapData, ExeKey, ExeTemplate>,
         pythons: BpfHashMap<MapData, u32, PythonProcess>,
     ) -> Result<UnwindMaps> {
         let bytes = (mappings.len() as usize * size_of::<ExecMapping>()).div_ceil(page_size()) * page_size();
         let fd = mappings.map().fd().as_fd().as_raw_fd();
         let mappings_window = MmapOptions::new().len(bytes).map_raw(fd).context("mapping the process mappings array")?;
-        Ok(UnwindMaps { rows, pages, mappings, mappings_window, processes, pythons })
+        Ok(UnwindMaps { rows, pages, mappings, mappings_window, processes, templates, pythons })
     }
 
     /// Rows the row array holds (the table memory budget).
@@ -83,6 +85,21 @@ impl UnwindMaps {
     #[cfg(test)]
     pub fn process(&self, tgid: u32) -> Option<ProcessMappings> {
         self.processes.get(&tgid, 0).ok()
+    }
+
+    /// Has the exec program point new processes of `exe` at `template`.
+    pub fn set_template(&mut self, exe: ExeKey, template: ExeTemplate) -> Result<()> {
+        self.templates.insert(exe, template, 0).context("loading an executable's template")
+    }
+
+    pub fn remove_template(&mut self, exe: &ExeKey) {
+        let _ = self.templates.remove(exe);
+    }
+
+    /// The template new processes of `exe` are pointed at.
+    #[cfg(test)]
+    pub fn template(&self, exe: &ExeKey) -> Option<ExeTemplate> {
+        self.templates.get(exe, 0).ok()
     }
 
     /// Forgets a process (the kernel also does when it exits; a miss is fine).

@@ -41,7 +41,7 @@ use crate::{
 };
 use interval::{resolve, DropReasons};
 use life::Life;
-use procs::ProcessTable;
+use procs::{Captured, ProcessTable};
 use python::Pythons;
 
 pub struct Resolver {
@@ -141,7 +141,13 @@ impl Resolver {
             };
             tracing::debug!(tgid = event.tgid, tag = event.tag, pc = format_args!("{:#x}", event.pc), read, "process announced");
             // At exec, what the kernel told of the executable may be enough: no /proc read.
-            let told = event.at_exec == 1 && read && self.processes.capture_exec(event.tgid, event.tag, &event.exe, &event.comm);
+            let from_template = event.from_template == 1;
+            let told = event.at_exec == 1 && read && self.processes.capture_exec(event.tgid, event.tag, &event.exe, &event.comm, from_template);
+            if from_template && !told {
+                // Pointed at a template for an executable no longer known: until it is read,
+                // walked by frame pointers, not by a template that may be freed.
+                self.unwinder.forget_process(event.tgid);
+            }
             if read && !told {
                 self.processes.capture(event.tgid, Some(Life { tag: event.tag, start_ns: event.start_ns, start_stack: event.start_stack }), event.at_exec == 1);
             }
@@ -152,13 +158,18 @@ impl Resolver {
     /// Loads the unwind tables and mappings of processes captured since the last call, and
     /// tells the walk of their interpreters.
     fn load_unwind_tables(&mut self) {
-        for (tgid, files) in self.processes.take_captured() {
-            if let Err(e) = self.unwinder.load_process(tgid, &files) {
+        for Captured { tgid, files, exec } in self.processes.take_captured() {
+            let ran_python = self.pythons.runs_python(tgid);
+            let python = self.pythons.capture(tgid, &self.processes.interpreter_candidates(tgid));
+            let loaded = match (exec, files.as_slice()) {
+                // A template would point its processes' first samples at no interpreter.
+                (Some(exec), [file]) => self.unwinder.load_exec(tgid, file, exec.exe, exec.from_template, python.is_none()),
+                _ => self.unwinder.load_process(tgid, &files),
+            };
+            if let Err(e) = loaded {
                 tracing::warn!(tgid, "user stacks of this process are walked by frame pointers only: {e:#}");
             }
             // The walk's map is written only where it changes: not a syscall per process.
-            let ran_python = self.pythons.runs_python(tgid);
-            let python = self.pythons.capture(tgid, &self.processes.interpreter_candidates(tgid));
             if python.is_some() || ran_python {
                 if let Err(e) = self.unwinder.set_python(tgid, python) {
                     tracing::warn!(tgid, "its Python frames are not walked: {e:#}");

@@ -20,7 +20,7 @@ use super::{
     untrusted::{self, Refused},
     vdso,
 };
-use agent_common::ExeImage;
+use agent_common::{ExeImage, ExeKey};
 
 use crate::{
     ops::{memory, metrics},
@@ -61,6 +61,25 @@ pub struct Process {
     /// Its mappings are all it maps: a static executable taken at its exec. Its first event
     /// then reads nothing (a dynamic one's reads the libraries mapped since).
     whole: bool,
+    /// Taken at its exec from what the kernel told (`capture_exec`): its executable, and
+    /// whether the exec program pointed the walker at that executable's template.
+    exec: Option<ExecCapture>,
+}
+
+/// A process whose mappings are its executable's code alone, as the kernel told at exec.
+#[derive(Debug, Clone, Copy)]
+pub struct ExecCapture {
+    pub exe: ExeKey,
+    pub from_template: bool,
+}
+
+/// A process captured since the last `take_captured`, with its file-backed executable
+/// mappings.
+pub struct Captured {
+    pub tgid: u32,
+    pub files: Vec<MappedFile>,
+    /// Set when the files are the executable's code alone, taken at exec.
+    pub exec: Option<ExecCapture>,
 }
 
 impl Process {
@@ -170,7 +189,7 @@ impl ProcessTable {
         // Read at exec, a static executable (and the vDSO) is all it will map: its first
         // sample needs no second read.
         let whole = at_exec && mappings.iter().all(|m| matches!(&m.target, MappingTarget::File(b) if !b.loads_libraries));
-        self.install(tgid, life.map(|life| life.tag), name, mappings, whole);
+        self.install(tgid, life.map(|life| life.tag), name, mappings, whole, None);
         metrics::add("ember_processes_captured_total", &[("from", "proc")], 1.0);
         true
     }
@@ -179,7 +198,8 @@ impl ProcessTable {
     /// nothing: its executable's code, if another process has mapped that file before (it is
     /// open, and its table loaded). Its libraries are read when it is first sampled (it is
     /// announced again then). False if the executable is not known: read /proc then.
-    pub fn capture_exec(&mut self, tgid: u32, tag: u16, exe: &ExeImage, comm: &[u8]) -> bool {
+    /// `from_template`: the exec program pointed the walker at the executable's template.
+    pub fn capture_exec(&mut self, tgid: u32, tag: u16, exe: &ExeImage, comm: &[u8], from_template: bool) -> bool {
         let file = MappedId { major: exe.dev >> 20, minor: exe.dev & 0xf_ffff, inode: exe.inode };
         let Some(binary) = self.by_mapped.get(&file).and_then(Weak::upgrade) else { return false };
         let Some((_, file_offset)) = binary.code_segment.filter(|_| exe.code_start < exe.code_end) else { return false };
@@ -187,14 +207,18 @@ impl ProcessTable {
         // The kernel's start_code is where the lowest executable segment's first byte went.
         let whole = !binary.loads_libraries;
         let code = Mapping { start: exe.code_start, end: exe.code_end, file_offset, target: MappingTarget::File(binary), python_trampolines: false };
-        self.install(tgid, Some(tag), name, vec![code], whole);
+        let exec = ExecCapture { exe: ExeKey { inode: exe.inode, dev: exe.dev, _pad: 0 }, from_template };
+        self.install(tgid, Some(tag), name, vec![code], whole, Some(exec));
         metrics::add("ember_processes_captured_total", &[("from", "exec")], 1.0);
+        if from_template {
+            metrics::add("ember_exec_templates_used_total", &[], 1.0);
+        }
         true
     }
 
     /// Makes `mappings` those of `tgid`'s life `tag` (None: read at start-up, unannounced),
     /// `whole` if they are all it maps.
-    fn install(&mut self, tgid: u32, tag: Option<u16>, name: String, mappings: Vec<Mapping>, whole: bool) {
+    fn install(&mut self, tgid: u32, tag: Option<u16>, name: String, mappings: Vec<Mapping>, whole: bool, exec: Option<ExecCapture>) {
         // Read after all (a read can fail while the process execs): not a loss.
         self.unread.remove(&tgid);
         let perf_map = match self.processes.remove(&tgid) {
@@ -209,7 +233,7 @@ impl ProcessTable {
             }
             None => PerfMap::default(),
         };
-        let mut process = Process { name, mappings, perf_map, exited: false, tag, whole };
+        let mut process = Process { name, mappings, perf_map, exited: false, tag, whole, exec };
         process.find_python_trampolines(tgid);
         self.processes.insert(tgid, process);
         self.captured.push(tgid);
@@ -227,10 +251,28 @@ impl ProcessTable {
         self.lookup(tgid, tag, addr).is_some()
     }
 
-    /// Processes captured since the last call, with their file-backed executable mappings.
-    pub fn take_captured(&mut self) -> Vec<(u32, Vec<MappedFile>)> {
-        let captured = std::mem::take(&mut self.captured);
-        captured.into_iter().filter_map(|tgid| Some((tgid, self.mapped_files(tgid)?))).collect()
+    /// Processes captured since the last call, each once, in the order they were last
+    /// captured in.
+    pub fn take_captured(&mut self) -> Vec<Captured> {
+        let mut captured = std::mem::take(&mut self.captured);
+        let mut seen = HashSet::new();
+        captured.reverse();
+        captured.retain(|tgid| seen.insert(*tgid));
+        captured.reverse();
+        captured
+            .into_iter()
+            .filter_map(|tgid| {
+                let files = self.mapped_files(tgid)?;
+                // The template the kernel pointed it at is told once: a load after this one
+                // is userspace's own.
+                let exec = self.processes.get_mut(&tgid)?.exec.as_mut().map(|exec| {
+                    let told = *exec;
+                    exec.from_template = false;
+                    told
+                });
+                Some(Captured { tgid, files, exec })
+            })
+            .collect()
     }
 
     fn mapped_files(&self, tgid: u32) -> Option<Vec<MappedFile>> {

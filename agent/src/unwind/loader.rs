@@ -9,10 +9,15 @@
 //!
 //! Processes whose mappings are the same (a server's workers, forked from one parent) share
 //! one copy of them in the kernel, and with it the rows the walker keeps per CPU: two such
-//! processes taking turns on a CPU then find each other's rows.
+//! processes taking turns on a CPU then find each other's rows. So do processes that map
+//! only their executable, taken at exec, wherever its code went: their copy is the
+//! executable's template, at the addresses of the first such process, and each is slid to
+//! it. While a process the agent knows maps the executable's table, the exec program points
+//! every new process of it at the template itself, and userspace hears of it without being
+//! woken: a host that starts many short processes costs no wake-up or map write per process.
 use std::{collections::HashMap, path::PathBuf, sync::Arc, time::Instant};
 
-use agent_common::{ExecMapping, ProcessMappings, PythonProcess, MAX_MAPPINGS};
+use agent_common::{ExeKey, ExeTemplate, ExecMapping, ProcessMappings, PythonProcess, MAX_MAPPINGS};
 use anyhow::{Context as _, Result};
 
 use super::{
@@ -65,6 +70,9 @@ pub struct Unwinder {
     layouts: HashMap<Layout, Shared>,
     /// Each loaded process's layout.
     processes: HashMap<u32, Layout>,
+    /// Executables whose new processes the exec program points at a layout (each holds one
+    /// of the layout's processes).
+    templates: HashMap<ExeKey, Template>,
     /// The most `processes` and `layouts` held since the last `retain` (exited processes
     /// are forgotten just before it).
     peaks: (usize, usize),
@@ -77,6 +85,15 @@ pub struct Unwinder {
 /// A process's executable mappings with tables, as the walker sees them, sorted by address.
 /// Equal layouts unwind every pc alike: they name the same tables at the same addresses.
 type Layout = Arc<[ExecMapping]>;
+
+/// An executable's template: the layout of its first process taken at exec, whose code
+/// started at `code_start`, with the table it names.
+struct Template {
+    layout: Layout,
+    entry: ProcessMappings,
+    code_start: u64,
+    table: TableKey,
+}
 
 /// A layout loaded in the mapping array, and how many processes it serves.
 struct Shared {
@@ -95,6 +112,7 @@ impl Unwinder {
             tables: HashMap::new(),
             layouts: HashMap::new(),
             processes: HashMap::new(),
+            templates: HashMap::new(),
             peaks: (0, 0),
             generation: 0,
             intervals: 0,
@@ -104,6 +122,42 @@ impl Unwinder {
     /// Tells the walker where `tgid`'s code is and how to unwind it, building and loading the
     /// tables of files it maps that are not loaded yet. `files` are sorted by address.
     pub fn load_process(&mut self, tgid: u32, files: &[MappedFile]) -> Result<()> {
+        let layout = self.layout_of(tgid, files);
+        let entry = self.share(&layout)?;
+        self.point(tgid, layout, entry, true)
+    }
+
+    /// Loads a process taken at exec, whose only mapping is its executable's code (`file`):
+    /// slid to the executable's template, and made its template if it has none and
+    /// `may_template`. `from_template`: the exec program pointed it at the template already.
+    pub fn load_exec(&mut self, tgid: u32, file: &MappedFile, exe: ExeKey, from_template: bool, may_template: bool) -> Result<()> {
+        // The same file with another table: rewritten in place since.
+        if self.templates.get(&exe).is_some_and(|t| t.table != file.key) {
+            self.drop_template(&exe);
+        }
+        let template = self.templates.get(&exe);
+        let slide = template.map_or(0, |t| file.start.wrapping_sub(t.code_start));
+        let template_entry = template.map(|t| t.entry);
+        let slid = MappedFile { start: file.start.wrapping_sub(slide), end: file.end.wrapping_sub(slide), file_offset: file.file_offset, key: file.key.clone(), path: file.path.clone() };
+        let layout = self.layout_of(tgid, std::slice::from_ref(&slid));
+        let entry = ProcessMappings { slide, ..self.share(&layout)? };
+        // What the exec program wrote, if the template is the one it read.
+        let written = from_template && template_entry.is_some_and(|t| t.generation == entry.generation);
+        self.point(tgid, layout.clone(), entry, !written)?;
+        if template_entry.is_none() && may_template && layout.len() == 1 {
+            let entry = self.share(&layout)?;
+            let template = ExeTemplate { mappings: entry, code_start: file.start };
+            if let Err(e) = self.maps.set_template(exe, template) {
+                self.release(&layout);
+                return Err(e);
+            }
+            self.templates.insert(exe, Template { layout, entry, code_start: file.start, table: file.key.clone() });
+        }
+        Ok(())
+    }
+
+    /// The walker's view of a process's files: those with a loaded table, as many as fit.
+    fn layout_of(&mut self, tgid: u32, files: &[MappedFile]) -> Layout {
         let mut mappings = Vec::new();
         for file in files {
             let &Table::Loaded { first_row, rows, first_page, pages, ref placement, .. } = self.table(file) else { continue };
@@ -115,11 +169,17 @@ impl Unwinder {
             tracing::warn!(tgid, "more than {MAX_MAPPINGS} executable mappings: the rest are walked by frame pointers");
             mappings.truncate(MAX_MAPPINGS as usize);
         }
-        let layout: Layout = mappings.into();
-        let entry = self.share(&layout)?;
-        if let Err(e) = self.maps.set_process(tgid, entry) {
-            self.release(&layout);
-            return Err(e);
+        mappings.into()
+    }
+
+    /// Points `tgid` at `layout` (one of whose processes it now is, as `entry`), writing
+    /// the kernel's entry if `write`.
+    fn point(&mut self, tgid: u32, layout: Layout, entry: ProcessMappings, write: bool) -> Result<()> {
+        if write {
+            if let Err(e) = self.maps.set_process(tgid, entry) {
+                self.release(&layout);
+                return Err(e);
+            }
         }
         // A process loaded before (exec, dlopen) lets go of its old layout.
         if let Some(old) = self.processes.insert(tgid, layout) {
@@ -158,9 +218,16 @@ impl Unwinder {
         // (whose tables may have been evicted and others loaded at their rows since): rows
         // kept under an old number never hold again. Wraps after 4 billion; 0 means none.
         self.generation = self.generation.checked_add(1).unwrap_or(1);
-        let entry = ProcessMappings { first, count, generation: self.generation };
+        let entry = ProcessMappings { first, count, generation: self.generation, _pad: 0, slide: 0 };
         self.layouts.insert(layout.clone(), Shared { entry, processes: 1 });
         Ok(entry)
+    }
+
+    fn drop_template(&mut self, exe: &ExeKey) {
+        if let Some(template) = self.templates.remove(exe) {
+            self.maps.remove_template(exe);
+            self.release(&template.layout);
+        }
     }
 
     /// One process less on the layout; the last one gives its slots back.
@@ -190,6 +257,14 @@ impl Unwinder {
         self.peaks = (self.processes.len(), self.layouts.len());
         self.intervals += 1;
         let now = self.intervals;
+        // A template goes with the last known process that maps its table, so that the
+        // table can go idle: a process the exec program points at it from here on was not
+        // taken yet, and is before its slots are freed (at the next call) or its table
+        // evicted (idle since before the last drain).
+        let unused: Vec<ExeKey> = self.templates.iter().filter(|(_, t)| !live(&t.table)).map(|(exe, _)| *exe).collect();
+        for exe in unused {
+            self.drop_template(&exe);
+        }
         self.tables.retain(|key, table| match table {
             Table::Loaded { idle_since, .. } => {
                 *idle_since = if live(key) { None } else { idle_since.or(Some(now)) };
@@ -319,8 +394,17 @@ fn fits(needs: (u32, u32), room: (u32, u32)) -> bool {
 mod tests {
     use std::os::unix::fs::MetadataExt as _;
 
+    use agent_common::{ExeKey, ExeTemplate, ProcessMappings};
+
     use super::{MappedFile, TableKey, Unwinder};
     use crate::kernel::{KernelSettings, Sampler};
+
+    /// Fields 26 and 27 of `/proc/<pid>/stat`: where its code starts and ends.
+    fn code_of(pid: u32) -> (u64, u64) {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+        (fields[23].parse().unwrap(), fields[24].parse().unwrap())
+    }
 
     /// This test binary's executable file mappings, keyed by device and inode.
     fn own_files() -> Vec<MappedFile> {
@@ -387,5 +471,72 @@ mod tests {
         unwinder.load_process(c, &files).unwrap();
         assert_eq!(entry(&unwinder, c), Some(again));
         assert_eq!(unwinder.layouts.len(), 1);
+    }
+
+    /// Processes that map only their executable share its template wherever their code
+    /// went; the exec program points each new process of it at the template, slid to its
+    /// code; the agent does not write a process the exec program pointed at it again; and the
+    /// template goes once no process the agent knows maps its table.
+    #[test]
+    fn processes_of_one_executable_share_its_template_which_the_exec_program_points_new_ones_at() {
+        assert_eq!(unsafe { libc::geteuid() }, 0, "this test loads BPF programs: run it as root");
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let _entered = runtime.enter();
+        let settings = KernelSettings { unwind_rows: 1 << 16, ..KernelSettings::for_tests() };
+        let (_sampler, _announcements, maps) = Sampler::start(&settings).expect("starting the sampler");
+        let mut unwinder = Unwinder::new(maps);
+        let path = std::path::Path::new("/usr/bin/sleep");
+        let meta = std::fs::metadata(path).unwrap();
+        let exe = ExeKey { inode: meta.ino(), dev: (libc::major(meta.dev()) << 20) | libc::minor(meta.dev()), _pad: 0 };
+        let key = TableKey::File(meta.dev(), meta.ino());
+        let spawn = || std::process::Command::new(path).arg("5").spawn().unwrap();
+        // The first process of it is loaded as the agent loads one taken at exec.
+        let mut first = spawn();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let (start, end) = code_of(first.id());
+        let maps_text = std::fs::read_to_string(format!("/proc/{}/maps", first.id())).unwrap();
+        let code = maps_text.lines().find(|l| l.split_whitespace().nth(1) == Some("r-xp")).unwrap();
+        let file_offset = u64::from_str_radix(code.split_whitespace().nth(2).unwrap(), 16).unwrap();
+        let at = |start: u64, end: u64| MappedFile { start, end, file_offset, key: key.clone(), path: path.into() };
+        unwinder.load_exec(first.id(), &at(start, end), exe, false, true).unwrap();
+        let entry = unwinder.maps.process(first.id()).expect("the first process is loaded");
+        assert_eq!((entry.count, entry.slide), (1, 0), "sleep's code has a table, at the first process's addresses");
+        assert_eq!(unwinder.maps.template(&exe), Some(ExeTemplate { mappings: entry, code_start: start }));
+
+        // The exec program points the next one at it, slid to where its code went.
+        let mut second = spawn();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let (second_start, second_end) = code_of(second.id());
+        let pointed = unwinder.maps.process(second.id()).expect("the exec program pointed the second process at the template");
+        assert_eq!(pointed, ProcessMappings { slide: second_start.wrapping_sub(start), ..entry });
+        assert_ne!(pointed.slide, 0, "both processes' code at one address: address space randomisation is off");
+        // The agent, taking it, shares the same copy and does not write it again: removed
+        // here, its entry stays away.
+        unwinder.maps.remove_process(second.id());
+        unwinder.load_exec(second.id(), &at(second_start, second_end), exe, true, true).unwrap();
+        assert_eq!(unwinder.maps.process(second.id()), None, "the agent wrote again what the exec program had");
+        // One it loads on its own is written, slid.
+        let elsewhere = 1 << 23;
+        unwinder.load_exec(elsewhere, &at(start + 0x10_0000, end + 0x10_0000), exe, false, true).unwrap();
+        assert_eq!(unwinder.maps.process(elsewhere), Some(ProcessMappings { slide: 0x10_0000, ..entry }));
+        assert_eq!(unwinder.layouts.len(), 1, "one copy for every process of the executable");
+
+        // With no process of it left, the template goes, and so does the copy.
+        for tgid in [first.id(), second.id(), elsewhere] {
+            unwinder.forget_process(tgid);
+        }
+        for child in [&mut first, &mut second] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        assert_eq!(unwinder.layouts.len(), 1, "the template holds its copy");
+        unwinder.retain(|_| false);
+        assert_eq!(unwinder.maps.template(&exe), None, "the template stayed with no process mapping its table");
+        assert!(unwinder.layouts.is_empty() && unwinder.templates.is_empty());
+        let mut third = spawn();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert_eq!(unwinder.maps.process(third.id()), None, "the exec program used a template that was gone");
+        let _ = third.kill();
+        let _ = third.wait();
     }
 }
