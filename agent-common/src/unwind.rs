@@ -150,12 +150,16 @@ pub struct ExeKey {
 }
 
 /// The mappings of a process that maps only its executable, as userspace loaded them for
-/// one, whose code started at `code_start`: the exec program points each new process of that
-/// executable at them (slid by where its code starts), so that its first samples are walked
-/// with the executable's table before userspace has heard of it.
+/// one, whose code started at `code_start`, and the interpreter the executable embeds if
+/// `has_python`: the exec program points each new process of that executable at them (slid
+/// by where its code starts), so that its first samples are walked with the executable's
+/// table, and its Python frames, before userspace has heard of it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ExeTemplate {
     pub mappings: ProcessMappings,
     pub code_start: u64,
+    pub python: crate::PythonProcess,
+    pub has_python: u32,
+    pub _pad: u32,
 }

@@ -103,7 +103,7 @@ pub fn process_exec(ctx: TracePointContext) -> u32 {
         if !announce_process(tgid, current_life().0, told::AT_EXEC, from_template, &active_set()) && from_template {
             // Userspace must know of every process pointed at a template, which it frees
             // once no process it knows has it.
-            walk::forget_process(tgid);
+            forget_code(tgid);
         }
     }
     0

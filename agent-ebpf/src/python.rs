@@ -95,6 +95,25 @@ struct Context {
     stack: *mut UserStack,
 }
 
+/// Tells the walk of the interpreter of a process just pointed at its executable's template
+/// (`walk::load_from_template`): the template's, slid to where the process's code went.
+/// False if there is no room.
+#[inline(always)]
+pub fn load_from_template(tgid: u32, template: &PythonProcess, slide: u64) -> bool {
+    let mut process = PythonProcess::default();
+    // Word by word, as in `walk`.
+    unsafe {
+        let (from, to) = (template as *const PythonProcess as *const u64, &mut process as *mut PythonProcess as *mut u64);
+        for word in 0..size_of::<PythonProcess>() / 8 {
+            *to.add(word) = core::ptr::read_volatile(from.add(word));
+        }
+    }
+    process.interp_head = process.interp_head.wrapping_add(slide);
+    process.eval_start = process.eval_start.wrapping_add(slide);
+    process.eval_end = process.eval_end.wrapping_add(slide);
+    PYTHON_PROCESSES.insert(&tgid, &process, 0).is_ok()
+}
+
 /// The process exited or exec'd: its interpreter is gone.
 #[inline(always)]
 pub fn forget_process(tgid: u32) {

@@ -367,9 +367,19 @@ pub fn maps_code_in(tgid: u32, range: impl FnOnce() -> (u64, u64)) -> bool {
 #[inline(always)]
 pub fn load_from_template(tgid: u32) -> bool {
     let exe = current_exe();
-    let Some(template) = (unsafe { EXE_TEMPLATES.get(&ExeKey { inode: exe.inode, dev: exe.dev, _pad: 0 }) }) else { return false };
-    let mappings = ProcessMappings { slide: exe.code_start.wrapping_sub(template.code_start), ..template.mappings };
-    PROCESS_MAPPINGS.insert(&tgid, &mappings, 0).is_ok()
+    let Some(template) = EXE_TEMPLATES.get_ptr(&ExeKey { inode: exe.inode, dev: exe.dev, _pad: 0 }) else { return false };
+    let template = unsafe { &*template };
+    let slide = exe.code_start.wrapping_sub(template.code_start);
+    let mappings = ProcessMappings { slide, ..template.mappings };
+    if PROCESS_MAPPINGS.insert(&tgid, &mappings, 0).is_err() {
+        return false;
+    }
+    // A process left without its interpreter is userspace's to load.
+    if template.has_python != 0 && !python::load_from_template(tgid, &template.python, slide) {
+        forget_process(tgid);
+        return false;
+    }
+    true
 }
 
 /// The process exited or exec'd, or code of it was replaced: its mappings no longer hold.

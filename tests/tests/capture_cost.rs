@@ -2,6 +2,8 @@
 //! /proc, a process that execs a binary the agent has open already is captured from what
 //! the kernel told at its exec, with nothing read, even when the binary's last process is
 //! long gone, and a forked child that maps nothing new shares its parent's loaded mappings.
+//! The exec program points a process of an executable the agent has loaded at that
+//! executable's template, without waking the agent.
 //! Counted by the agent's metrics. Needs root (the agent loads BPF programs).
 use std::{
     os::{fd::AsRawFd, unix::process::CommandExt},
@@ -197,9 +199,15 @@ fn processes_sampled_while_they_exec_are_captured_from_the_exec() {
     assert!(proc <= 4.0, "{proc} processes read from /proc: children sampled mid-exec were read as half-built");
 }
 
-/// Runs `command` to success in the cgroup whose `cgroup.procs` is open as `procs`: it moves
-/// itself there before its exec.
+/// Runs `command` to success in the cgroup whose `cgroup.procs` is open as `procs`.
 fn run_in(procs: &std::fs::File, command: &mut Command) {
+    let status = in_cgroup(procs, command).status().expect("running a program in the test's cgroup");
+    assert!(status.success(), "{command:?} in the test's cgroup: {status}");
+}
+
+/// Has `command` start in the cgroup whose `cgroup.procs` is open as `procs`: it moves itself
+/// there before its exec.
+fn in_cgroup<'a>(procs: &std::fs::File, command: &'a mut Command) -> &'a mut Command {
     let fd = procs.as_raw_fd();
     // SAFETY: between fork and exec only write(2) runs: "0" moves the writing process.
     unsafe {
@@ -207,9 +215,7 @@ fn run_in(procs: &std::fs::File, command: &mut Command) {
             1 => Ok(()),
             _ => Err(std::io::Error::last_os_error()),
         })
-    };
-    let status = command.status().expect("running a program in the test's cgroup");
-    assert!(status.success(), "{command:?} in the test's cgroup: {status}");
+    }
 }
 
 /// Children forked without an exec map what their parent maps: each is captured (its maps
@@ -260,4 +266,54 @@ fn forked_children_that_map_nothing_new_share_their_parents_mappings() {
     let all = Decoded::total(&of_children);
     println!("children's samples in hot_a: {all}, {whole} of them whole");
     assert!(all >= 100 && whole >= all - 20, "{whole} of the children's {all} samples in hot_a reach _start");
+}
+
+/// Debian's python3 embeds its interpreter. Once the agent has loaded a process of it from
+/// its exec, the exec program points each new one at that template, interpreter included,
+/// and the agent writes nothing for it: its Python frames are walked from the template's
+/// interpreter, slid to where the process's code went, from its first sample.
+#[test]
+fn a_python_started_from_its_executables_template_is_walked_from_it() {
+    require_root();
+    let python = "/usr/bin/python3.11";
+    assert!(std::path::Path::new(python).exists(), "no Debian python3.11: run `cargo xtask setup`");
+    let dir = TempDir::new("capture-python-template");
+    let http = free_address();
+    let mut cgroups = TestCgroups::new();
+    cgroups.create("runs");
+    let cgroup = cgroups.dir("runs");
+    let out = dir.path("profiles");
+    let (out_arg, http_arg) = (out.to_str().unwrap().to_string(), http.to_string());
+    let mut agent = Agent::spawn(&["run", "-F", "999", "--interval", "1s", "--output-dir", &out_arg, "--http", &http_arg, "--cgroup", cgroup.to_str().unwrap()]);
+    agent.wait_ready();
+    let procs = std::fs::OpenOptions::new().write(true).open(cgroup.join("cgroup.procs")).expect("opening the cgroup's cgroup.procs");
+    let templates = || metric_value(&fetch_metrics(http), "ember_exec_templates_used_total").unwrap_or(0.0);
+    // The first run is read from /proc; the second, its executable open by then, is loaded
+    // from its exec and made the template, which lives while it runs.
+    run_in(&procs, Command::new(python).args(["-c", "pass"]));
+    wait_for_metric(http, "ember_processes_captured_total{from=\"proc\"}", Duration::from_secs(20), |n| n >= 1.0);
+    let mut waiting = Command::new(python);
+    waiting.args(["-c", "import sys; sys.stdin.read()"]).stdin(std::process::Stdio::piped());
+    let mut waiting = in_cgroup(&procs, &mut waiting).spawn().expect("starting a waiting python3.11");
+    wait_for_metric(http, "ember_processes_captured_total{from=\"exec\"}", Duration::from_secs(20), |n| n >= 1.0);
+    let before = templates();
+    let spin = "import os, time\ndef spin(until):\n    while time.time() < until:\n        pass\nprint(os.getpid(), flush=True)\nspin(time.time() + 1.5)";
+    let output = in_cgroup(&procs, Command::new(python).args(["-c", spin])).output().expect("running python3.11 in the test's cgroup");
+    drop(waiting.stdin.take());
+    let _ = waiting.wait();
+    let pid = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    assert!(output.status.success() && !pid.is_empty(), "the spinning python3.11: {output:?}");
+    let drained = metric(&fetch_metrics(http), "ember_intervals_total");
+    wait_for_metric(http, "ember_intervals_total", Duration::from_secs(30), |n| n > drained + 1.0);
+    let used = templates() - before;
+    agent.signal(libc::SIGTERM);
+    agent.wait_success(Duration::from_secs(30));
+    let profiles = Decoded::read_kind(&out, "cpu");
+    let samples: Vec<&ember_tests::Sample> = profiles.iter().flat_map(|p| &p.samples).filter(|s| s.labels.get("pid") == Some(&pid)).collect();
+    let total = Decoded::total(&samples);
+    let in_spin = Decoded::total(&samples.iter().copied().filter(|s| s.frames.iter().any(|f| f.function == "spin" && f.mapping == "[python]")).collect::<Vec<_>>());
+    println!("python3.11 started from its template ({used} processes pointed at it): {in_spin} of {total} samples in its Python function spin");
+    assert_eq!(used, 1.0, "processes pointed at python3.11's template");
+    // 1.5 s at 999 Hz; its start-up, before spin runs, takes some 15 ms.
+    assert!(total > 1000 && in_spin as f64 >= 0.95 * total as f64, "{in_spin} of {total} samples of python3.11 walked from its template in spin");
 }

@@ -102,6 +102,12 @@ impl UnwindMaps {
         self.templates.get(exe, 0).ok()
     }
 
+    /// The interpreter the walk was told of in a process.
+    #[cfg(test)]
+    pub fn python(&self, tgid: u32) -> Option<PythonProcess> {
+        self.pythons.get(&tgid, 0).ok()
+    }
+
     /// Forgets a process (the kernel also does when it exits; a miss is fine).
     pub fn remove_process(&mut self, tgid: u32) {
         let _ = self.processes.remove(&tgid);

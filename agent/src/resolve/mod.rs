@@ -162,15 +162,18 @@ impl Resolver {
             let ran_python = self.pythons.runs_python(tgid);
             let python = self.pythons.capture(tgid, &self.processes.interpreter_candidates(tgid));
             let loaded = match (exec, files.as_slice()) {
-                // A template would point its processes' first samples at no interpreter.
-                (Some(exec), [file]) => self.unwinder.load_exec(tgid, file, exec.exe, exec.from_template, python.is_none()),
-                _ => self.unwinder.load_process(tgid, &files),
+                (Some(exec), [file]) if file.start == exec.code.start => self.unwinder.load_exec(tgid, file, exec.exe, exec.from_template, python),
+                // Read since (its libraries): its executable's template is made from its code.
+                (Some(exec), _) => self.unwinder.load_process(tgid, &files).and_then(|()| self.unwinder.template_for(tgid, exec.exe, &exec.code, python)).map(|_| false),
+                (None, _) => self.unwinder.load_process(tgid, &files).map(|()| false),
             };
+            let from_template = loaded.as_ref().is_ok_and(|&written| written);
             if let Err(e) = loaded {
                 tracing::warn!(tgid, "user stacks of this process are walked by frame pointers only: {e:#}");
             }
-            // The walk's map is written only where it changes: not a syscall per process.
-            if python.is_some() || ran_python {
+            // The walk's map is written only where it changes: not a syscall per process (nor
+            // for one the exec program told of the interpreter of its template).
+            if (python.is_some() || ran_python) && !from_template {
                 if let Err(e) = self.unwinder.set_python(tgid, python) {
                     tracing::warn!(tgid, "its Python frames are not walked: {e:#}");
                 }

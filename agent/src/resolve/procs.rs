@@ -61,24 +61,26 @@ pub struct Process {
     /// Its mappings are all it maps: a static executable taken at its exec. Its first event
     /// then reads nothing (a dynamic one's reads the libraries mapped since).
     whole: bool,
-    /// Taken at its exec from what the kernel told (`capture_exec`): its executable, and
-    /// whether the exec program pointed the walker at that executable's template.
+    /// What the kernel told at this life's exec (`capture_exec`), kept when its mappings are
+    /// read again.
     exec: Option<ExecCapture>,
 }
 
-/// A process whose mappings are its executable's code alone, as the kernel told at exec.
-#[derive(Debug, Clone, Copy)]
+/// A process's executable, as the kernel told at its exec.
+#[derive(Clone, Debug)]
 pub struct ExecCapture {
     pub exe: ExeKey,
+    /// Its code in the process.
+    pub code: MappedFile,
+    /// Whether the exec program pointed the walker at the executable's template.
     pub from_template: bool,
 }
 
 /// A process captured since the last `take_captured`, with its file-backed executable
-/// mappings.
+/// mappings, and its executable as told at its exec, if it was.
 pub struct Captured {
     pub tgid: u32,
     pub files: Vec<MappedFile>,
-    /// Set when the files are the executable's code alone, taken at exec.
     pub exec: Option<ExecCapture>,
 }
 
@@ -97,6 +99,21 @@ impl Process {
             }
         }
         found
+    }
+}
+
+/// A mapping as the unwinder sees it, if it has a table: a file's, or CPython's trampolines.
+fn mapped_file(m: &Mapping) -> Option<MappedFile> {
+    match &m.target {
+        MappingTarget::File(binary) => Some(MappedFile { start: m.start, end: m.end, file_offset: m.file_offset, key: binary.table_key(), path: binary.open_path() }),
+        MappingTarget::Special(_) if m.python_trampolines => Some(MappedFile {
+            start: m.start,
+            end: m.end,
+            file_offset: 0,
+            key: TableKey::PythonTrampolines(m.end - m.start),
+            path: PathBuf::new(),
+        }),
+        MappingTarget::Special(_) => None,
     }
 }
 
@@ -207,7 +224,8 @@ impl ProcessTable {
         // The kernel's start_code is where the lowest executable segment's first byte went.
         let whole = !binary.loads_libraries;
         let code = Mapping { start: exe.code_start, end: exe.code_end, file_offset, target: MappingTarget::File(binary), python_trampolines: false };
-        let exec = ExecCapture { exe: ExeKey { inode: exe.inode, dev: exe.dev, _pad: 0 }, from_template };
+        let Some(code_file) = mapped_file(&code) else { return false };
+        let exec = ExecCapture { exe: ExeKey { inode: exe.inode, dev: exe.dev, _pad: 0 }, code: code_file, from_template };
         self.install(tgid, Some(tag), name, vec![code], whole, Some(exec));
         metrics::add("ember_processes_captured_total", &[("from", "exec")], 1.0);
         if from_template {
@@ -221,10 +239,15 @@ impl ProcessTable {
     fn install(&mut self, tgid: u32, tag: Option<u16>, name: String, mappings: Vec<Mapping>, whole: bool, exec: Option<ExecCapture>) {
         // Read after all (a read can fail while the process execs): not a loss.
         self.unread.remove(&tgid);
+        let mut exec = exec;
         let perf_map = match self.processes.remove(&tgid) {
             // The same life read again (it mapped code since), or the first announcement of
-            // one read at start-up: its perf map, read so far, stays.
-            Some(same) if same.tag == tag || same.tag.is_none() => same.perf_map,
+            // one read at start-up: its perf map, read so far, stays, and so does what the
+            // kernel told at its exec.
+            Some(same) if same.tag == tag || same.tag.is_none() => {
+                exec = exec.or(same.exec.filter(|_| same.tag == tag));
+                same.perf_map
+            }
             Some(mut earlier) => {
                 earlier.exited = false;
                 earlier.perf_map.freeze(tgid);
@@ -266,7 +289,7 @@ impl ProcessTable {
                 // The template the kernel pointed it at is told once: a load after this one
                 // is userspace's own.
                 let exec = self.processes.get_mut(&tgid)?.exec.as_mut().map(|exec| {
-                    let told = *exec;
+                    let told = exec.clone();
                     exec.from_template = false;
                     told
                 });
@@ -276,24 +299,7 @@ impl ProcessTable {
     }
 
     fn mapped_files(&self, tgid: u32) -> Option<Vec<MappedFile>> {
-        let files = self.processes.get(&tgid)?.mappings.iter().filter_map(|m| match &m.target {
-            MappingTarget::File(binary) => Some(MappedFile {
-                start: m.start,
-                end: m.end,
-                file_offset: m.file_offset,
-                key: binary.table_key(),
-                path: binary.open_path(),
-            }),
-            MappingTarget::Special(_) if m.python_trampolines => Some(MappedFile {
-                start: m.start,
-                end: m.end,
-                file_offset: 0,
-                key: TableKey::PythonTrampolines(m.end - m.start),
-                path: PathBuf::new(),
-            }),
-            MappingTarget::Special(_) => None,
-        });
-        Some(files.collect())
+        Some(self.processes.get(&tgid)?.mappings.iter().filter_map(mapped_file).collect())
     }
 
     /// Makes the processes that map one of `tables` due for loading again (`take_captured`).

@@ -41,6 +41,7 @@ pub enum TableKey {
 }
 
 /// An executable mapping of a process that has a table: a file's, or CPython's trampolines.
+#[derive(Clone, Debug)]
 pub struct MappedFile {
     pub start: u64,
     pub end: u64,
@@ -127,33 +128,45 @@ impl Unwinder {
         self.point(tgid, layout, entry, true)
     }
 
-    /// Loads a process taken at exec, whose only mapping is its executable's code (`file`):
-    /// slid to the executable's template, and made its template if it has none and
-    /// `may_template`. `from_template`: the exec program pointed it at the template already.
-    pub fn load_exec(&mut self, tgid: u32, file: &MappedFile, exe: ExeKey, from_template: bool, may_template: bool) -> Result<()> {
-        // The same file with another table: rewritten in place since.
-        if self.templates.get(&exe).is_some_and(|t| t.table != file.key) {
-            self.drop_template(&exe);
-        }
-        let template = self.templates.get(&exe);
-        let slide = template.map_or(0, |t| file.start.wrapping_sub(t.code_start));
-        let template_entry = template.map(|t| t.entry);
-        let slid = MappedFile { start: file.start.wrapping_sub(slide), end: file.end.wrapping_sub(slide), file_offset: file.file_offset, key: file.key.clone(), path: file.path.clone() };
+    /// Loads a process taken at exec, whose only mapping is its executable's code (`file`),
+    /// with `python`, the interpreter the executable embeds: slid to the executable's
+    /// template, and made its template if it has none. `from_template`: the exec program
+    /// pointed it at the template already. Whether it did so with this template, which then
+    /// told the walk of its interpreter too.
+    pub fn load_exec(&mut self, tgid: u32, file: &MappedFile, exe: ExeKey, from_template: bool, python: Option<PythonProcess>) -> Result<bool> {
+        let template = self.template_for(tgid, exe, file, python)?;
+        let slide = template.map_or(0, |(code_start, _)| file.start.wrapping_sub(code_start));
+        let slid = MappedFile { start: file.start.wrapping_sub(slide), end: file.end.wrapping_sub(slide), ..file.clone() };
         let layout = self.layout_of(tgid, std::slice::from_ref(&slid));
         let entry = ProcessMappings { slide, ..self.share(&layout)? };
         // What the exec program wrote, if the template is the one it read.
-        let written = from_template && template_entry.is_some_and(|t| t.generation == entry.generation);
-        self.point(tgid, layout.clone(), entry, !written)?;
-        if template_entry.is_none() && may_template && layout.len() == 1 {
-            let entry = self.share(&layout)?;
-            let template = ExeTemplate { mappings: entry, code_start: file.start };
-            if let Err(e) = self.maps.set_template(exe, template) {
-                self.release(&layout);
-                return Err(e);
-            }
-            self.templates.insert(exe, Template { layout, entry, code_start: file.start, table: file.key.clone() });
+        let written = from_template && template.is_some_and(|(_, t)| t.generation == entry.generation);
+        self.point(tgid, layout, entry, !written)?;
+        Ok(written)
+    }
+
+    /// The template of executable `exe` (where its code started, and its mappings), made
+    /// from `code`, where the code of process `tgid` lies, if it has none. None if its code
+    /// has no table loaded.
+    pub fn template_for(&mut self, tgid: u32, exe: ExeKey, code: &MappedFile, python: Option<PythonProcess>) -> Result<Option<(u64, ProcessMappings)>> {
+        match self.templates.get(&exe) {
+            Some(template) if template.table == code.key => return Ok(Some((template.code_start, template.entry))),
+            // The same file with another table: rewritten in place since.
+            Some(_) => self.drop_template(&exe),
+            None => {}
         }
-        Ok(())
+        let layout = self.layout_of(tgid, std::slice::from_ref(code));
+        if layout.len() != 1 {
+            return Ok(None);
+        }
+        let entry = self.share(&layout)?;
+        let template = ExeTemplate { mappings: entry, code_start: code.start, python: python.unwrap_or_default(), has_python: python.is_some() as u32, _pad: 0 };
+        if let Err(e) = self.maps.set_template(exe, template) {
+            self.release(&layout);
+            return Err(e);
+        }
+        self.templates.insert(exe, Template { layout, entry, code_start: code.start, table: code.key.clone() });
+        Ok(Some((code.start, entry)))
     }
 
     /// The walker's view of a process's files: those with a loaded table, as many as fit.
@@ -394,7 +407,7 @@ fn fits(needs: (u32, u32), room: (u32, u32)) -> bool {
 mod tests {
     use std::os::unix::fs::MetadataExt as _;
 
-    use agent_common::{ExeKey, ExeTemplate, ProcessMappings};
+    use agent_common::{ExeKey, ExeTemplate, ProcessMappings, PythonProcess};
 
     use super::{MappedFile, TableKey, Unwinder};
     use crate::kernel::{KernelSettings, Sampler};
@@ -474,9 +487,10 @@ mod tests {
     }
 
     /// Processes that map only their executable share its template wherever their code
-    /// went; the exec program points each new process of it at the template, slid to its
-    /// code; the agent does not write a process the exec program pointed at it again; and the
-    /// template goes once no process the agent knows maps its table.
+    /// went; the exec program points each new process of it at the template, and at the
+    /// interpreter it embeds, slid to its code; the agent does not write a process the exec
+    /// program pointed at it again; and the template goes once no process the agent knows
+    /// maps its table.
     #[test]
     fn processes_of_one_executable_share_its_template_which_the_exec_program_points_new_ones_at() {
         assert_eq!(unsafe { libc::geteuid() }, 0, "this test loads BPF programs: run it as root");
@@ -498,26 +512,32 @@ mod tests {
         let code = maps_text.lines().find(|l| l.split_whitespace().nth(1) == Some("r-xp")).unwrap();
         let file_offset = u64::from_str_radix(code.split_whitespace().nth(2).unwrap(), 16).unwrap();
         let at = |start: u64, end: u64| MappedFile { start, end, file_offset, key: key.clone(), path: path.into() };
-        unwinder.load_exec(first.id(), &at(start, end), exe, false, true).unwrap();
+        // As if it embedded an interpreter, whose addresses are in its executable.
+        let python = PythonProcess { interp_head: start + 0x1000, eval_start: start + 0x2000, eval_end: start + 0x3000, ..PythonProcess::default() };
+        assert!(!unwinder.load_exec(first.id(), &at(start, end), exe, false, Some(python)).unwrap());
         let entry = unwinder.maps.process(first.id()).expect("the first process is loaded");
         assert_eq!((entry.count, entry.slide), (1, 0), "sleep's code has a table, at the first process's addresses");
-        assert_eq!(unwinder.maps.template(&exe), Some(ExeTemplate { mappings: entry, code_start: start }));
+        assert_eq!(unwinder.maps.template(&exe), Some(ExeTemplate { mappings: entry, code_start: start, python, has_python: 1, _pad: 0 }));
 
         // The exec program points the next one at it, slid to where its code went.
         let mut second = spawn();
         std::thread::sleep(std::time::Duration::from_millis(200));
         let (second_start, second_end) = code_of(second.id());
         let pointed = unwinder.maps.process(second.id()).expect("the exec program pointed the second process at the template");
-        assert_eq!(pointed, ProcessMappings { slide: second_start.wrapping_sub(start), ..entry });
-        assert_ne!(pointed.slide, 0, "both processes' code at one address: address space randomisation is off");
+        let slide = second_start.wrapping_sub(start);
+        assert_eq!(pointed, ProcessMappings { slide, ..entry });
+        assert_ne!(slide, 0, "both processes' code at one address: address space randomisation is off");
+        let slid = |address: u64| address.wrapping_add(slide);
+        let interpreter = PythonProcess { interp_head: slid(python.interp_head), eval_start: slid(python.eval_start), eval_end: slid(python.eval_end), ..python };
+        assert_eq!(unwinder.maps.python(second.id()), Some(interpreter), "the exec program told the walk of the template's interpreter, slid");
         // The agent, taking it, shares the same copy and does not write it again: removed
         // here, its entry stays away.
         unwinder.maps.remove_process(second.id());
-        unwinder.load_exec(second.id(), &at(second_start, second_end), exe, true, true).unwrap();
+        assert!(unwinder.load_exec(second.id(), &at(second_start, second_end), exe, true, Some(interpreter)).unwrap());
         assert_eq!(unwinder.maps.process(second.id()), None, "the agent wrote again what the exec program had");
         // One it loads on its own is written, slid.
         let elsewhere = 1 << 23;
-        unwinder.load_exec(elsewhere, &at(start + 0x10_0000, end + 0x10_0000), exe, false, true).unwrap();
+        assert!(!unwinder.load_exec(elsewhere, &at(start + 0x10_0000, end + 0x10_0000), exe, false, None).unwrap());
         assert_eq!(unwinder.maps.process(elsewhere), Some(ProcessMappings { slide: 0x10_0000, ..entry }));
         assert_eq!(unwinder.layouts.len(), 1, "one copy for every process of the executable");
 
