@@ -46,3 +46,10 @@ pub struct ExeImage {
     pub dev: u32,
     pub _pad: u32,
 }
+
+impl ExeImage {
+    /// The key of the executable's template, as the exec program and userspace both name it.
+    pub fn key(&self) -> crate::ExeKey {
+        crate::ExeKey { inode: self.inode, dev: self.dev, _pad: 0 }
+    }
+}

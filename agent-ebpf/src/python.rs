@@ -58,13 +58,7 @@ pub fn walk(tgid: u32, stack: *mut UserStack, hash: &mut u64, check: &mut u64) -
     let pid = bpf_get_current_pid_tgid() as u32;
     let state = PYTHON_WALK.get_ptr_mut(0)?;
     let walk = unsafe { &mut *state };
-    // Word by word: a plain copy is a call to a byte loop the verifier cannot bound.
-    unsafe {
-        let (from, to) = (&(*process).layout as *const PythonLayout as *const u64, &mut walk.layout as *mut PythonLayout as *mut u64);
-        for word in 0..size_of::<PythonLayout>() / 8 {
-            *to.add(word) = core::ptr::read_volatile(from.add(word));
-        }
-    }
+    copy_words(unsafe { &(*process).layout }, &mut walk.layout);
     (walk.count, walk.stop, walk.hash, walk.check) = (0, python_stop::DEPTH, *hash, *check);
     (walk.window_start, walk.window_end) = (0, 0);
     let (eval_start, eval_end) = unsafe { ((*process).eval_start, (*process).eval_end) };
@@ -101,17 +95,21 @@ struct Context {
 #[inline(always)]
 pub fn load_from_template(tgid: u32, template: &PythonProcess, slide: u64) -> bool {
     let mut process = PythonProcess::default();
-    // Word by word, as in `walk`.
-    unsafe {
-        let (from, to) = (template as *const PythonProcess as *const u64, &mut process as *mut PythonProcess as *mut u64);
-        for word in 0..size_of::<PythonProcess>() / 8 {
-            *to.add(word) = core::ptr::read_volatile(from.add(word));
-        }
-    }
+    copy_words(template, &mut process);
     process.interp_head = process.interp_head.wrapping_add(slide);
     process.eval_start = process.eval_start.wrapping_add(slide);
     process.eval_end = process.eval_end.wrapping_add(slide);
     PYTHON_PROCESSES.insert(&tgid, &process, 0).is_ok()
+}
+
+/// Copies `from` to `to` word by word: a plain copy is a call to a byte loop the verifier
+/// cannot bound. (`T`'s size is a multiple of 8.)
+#[inline(always)]
+fn copy_words<T>(from: &T, to: &mut T) {
+    let (from, to) = (from as *const T as *const u64, to as *mut T as *mut u64);
+    for word in 0..size_of::<T>() / 8 {
+        unsafe { *to.add(word) = core::ptr::read_volatile(from.add(word)) };
+    }
 }
 
 /// The process exited or exec'd: its interpreter is gone.

@@ -367,7 +367,7 @@ pub fn maps_code_in(tgid: u32, range: impl FnOnce() -> (u64, u64)) -> bool {
 #[inline(always)]
 pub fn load_from_template(tgid: u32) -> bool {
     let exe = current_exe();
-    let Some(template) = EXE_TEMPLATES.get_ptr(&ExeKey { inode: exe.inode, dev: exe.dev, _pad: 0 }) else { return false };
+    let Some(template) = EXE_TEMPLATES.get_ptr(&exe.key()) else { return false };
     let template = unsafe { &*template };
     let slide = exe.code_start.wrapping_sub(template.code_start);
     let mappings = ProcessMappings { slide, ..template.mappings };

@@ -167,13 +167,13 @@ impl Resolver {
                 (Some(exec), _) => self.unwinder.load_process(tgid, &files).and_then(|()| self.unwinder.template_for(tgid, exec.exe, &exec.code, python)).map(|_| false),
                 (None, _) => self.unwinder.load_process(tgid, &files).map(|()| false),
             };
-            let from_template = loaded.as_ref().is_ok_and(|&written| written);
+            let written_at_exec = loaded.as_ref().is_ok_and(|&written| written);
             if let Err(e) = loaded {
                 tracing::warn!(tgid, "user stacks of this process are walked by frame pointers only: {e:#}");
             }
             // The walk's map is written only where it changes: not a syscall per process (nor
             // for one the exec program told of the interpreter of its template).
-            if (python.is_some() || ran_python) && !from_template {
+            if (python.is_some() || ran_python) && !written_at_exec {
                 if let Err(e) = self.unwinder.set_python(tgid, python) {
                     tracing::warn!(tgid, "its Python frames are not walked: {e:#}");
                 }

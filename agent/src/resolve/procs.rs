@@ -225,7 +225,7 @@ impl ProcessTable {
         let whole = !binary.loads_libraries;
         let code = Mapping { start: exe.code_start, end: exe.code_end, file_offset, target: MappingTarget::File(binary), python_trampolines: false };
         let Some(code_file) = mapped_file(&code) else { return false };
-        let exec = ExecCapture { exe: ExeKey { inode: exe.inode, dev: exe.dev, _pad: 0 }, code: code_file, from_template };
+        let exec = ExecCapture { exe: exe.key(), code: code_file, from_template };
         self.install(tgid, Some(tag), name, vec![code], whole, Some(exec));
         metrics::add("ember_processes_captured_total", &[("from", "exec")], 1.0);
         if from_template {
@@ -236,10 +236,9 @@ impl ProcessTable {
 
     /// Makes `mappings` those of `tgid`'s life `tag` (None: read at start-up, unannounced),
     /// `whole` if they are all it maps.
-    fn install(&mut self, tgid: u32, tag: Option<u16>, name: String, mappings: Vec<Mapping>, whole: bool, exec: Option<ExecCapture>) {
+    fn install(&mut self, tgid: u32, tag: Option<u16>, name: String, mappings: Vec<Mapping>, whole: bool, mut exec: Option<ExecCapture>) {
         // Read after all (a read can fail while the process execs): not a loss.
         self.unread.remove(&tgid);
-        let mut exec = exec;
         let perf_map = match self.processes.remove(&tgid) {
             // The same life read again (it mapped code since), or the first announcement of
             // one read at start-up: its perf map, read so far, stays, and so does what the
