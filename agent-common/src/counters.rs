@@ -62,7 +62,7 @@ pub mod counter {
     /// that switch): found at the thread's next block, and counted from its run time since.
     pub const OFF_CPU_WAKES_UNSEEN: u32 = UNWIND_TAILS_KEPT + 1;
     /// What the programs cost, measured by themselves while `MEASURE_RUN_TIME` is set (under
-    /// a CPU budget), by source (`run::ON_CPU`, `run::OFF_CPU`, `run::NET`), at index
+    /// a CPU budget), by source (`run::ON_CPU`, `run::OFF_CPU`, `run::NET`, `run::FAULTS`), at index
     /// `RUN_NS + run::SLOTS * source + slot`, the nanoseconds and number of runs that recorded
     /// something (the part a sampling rate scales) and of runs that recorded nothing (sampled
     /// out, filtered, idle: the part no rate lowers). A program's own clock misses what the
@@ -120,6 +120,10 @@ pub mod counter {
         (RUN_NS + 9, "bpf_runs_net"),
         (RUN_NS + 10, "bpf_run_ns_skipped_net"),
         (RUN_NS + 11, "bpf_runs_skipped_net"),
+        (RUN_NS + 12, "bpf_run_ns_faults"),
+        (RUN_NS + 13, "bpf_runs_faults"),
+        (RUN_NS + 14, "bpf_run_ns_skipped_faults"),
+        (RUN_NS + 15, "bpf_runs_skipped_faults"),
     ];
 }
 
@@ -128,7 +132,9 @@ pub mod run {
     pub const ON_CPU: u32 = 0;
     pub const OFF_CPU: u32 = 1;
     pub const NET: u32 = 2;
-    pub const SOURCES: u32 = 3;
+    /// The `faults` group: page-fault samples, brk and anonymous mmap calls.
+    pub const FAULTS: u32 = 3;
+    pub const SOURCES: u32 = 4;
     /// Slots of a source: nanoseconds and runs that recorded something, then nanoseconds
     /// and runs that recorded nothing.
     pub const RECORDED_NS: u32 = 0;

@@ -8,4 +8,7 @@ pub struct Rates {
     pub off_cpu_ratio: u32,
     pub net_ratio: u32,
     pub exec_announcements_paused: u32,
+    /// Of the `faults` group's brk and mmap calls. (Its page-fault event's period is
+    /// lengthened by as much: there the program's runs are the cost.)
+    pub fault_ratio: u32,
 }

@@ -9,7 +9,7 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 
-/// Off-CPU and network sampling ratios, set by userspace (the overhead governor) at any time.
+/// Off-CPU, network and faults sampling ratios, set by userspace (the overhead governor) at any time.
 #[map]
 pub static RATES: Array<Rates> = Array::with_max_entries(1, 0);
 /// Tgids to sample when FILTER_TGIDS is set.
@@ -35,7 +35,7 @@ pub fn sampled_out(ratio: u32) -> bool {
 
 #[inline(always)]
 pub fn rates() -> Rates {
-    RATES.get(0).copied().unwrap_or(Rates { off_cpu_ratio: 1, net_ratio: 1, exec_announcements_paused: 0 })
+    RATES.get(0).copied().unwrap_or(Rates { off_cpu_ratio: 1, net_ratio: 1, exec_announcements_paused: 0, fault_ratio: 1 })
 }
 
 #[inline(always)]

@@ -306,3 +306,47 @@ fn off_cpu_tracking_pauses_when_switches_alone_take_the_budget_and_comes_back() 
     assert!(after.iter().all(|p| unseen(p) == 0), "intervals after the pause counted unseen switches");
     assert!(after.iter().any(|p| blocks(p) > 0), "no off-CPU block was recorded within 20 s once tracking came back:\n{stderr}");
 }
+
+/// The faults group under the budget: a process that faults in fresh memory all the time
+/// (some 500,000 faults a second here) costs a quarter of a core sampled at every fault. The
+/// governor lengthens the period until the cost is within the budget, and the profiles still
+/// add up to the pages the process touched: each sample carries its own period.
+#[test]
+fn a_fault_heavy_process_is_sampled_within_the_budget_and_its_faults_add_up() {
+    require_root();
+    let _stats = BpfStats::enable().expect("enabling kernel.bpf_stats_enabled");
+    let dir = TempDir::new("governor-faults");
+    let out = dir.path("profiles");
+    let fixture = Fixture::spawn_with(std::process::Command::new(FIXTURE), "fault-loop", SECONDS, &[]);
+    let pid = fixture.pid();
+    let args = ["run", "--events", "faults", "--fault-period", "1", "--interval", "2s", "--cpu-budget", "1%"];
+    let (agent, run, overhead, _) = run_measured(fixture, &args, &out);
+    std::thread::sleep(Duration::from_millis(1500));
+    agent.signal(libc::SIGINT);
+    let stderr = agent.wait_success(Duration::from_secs(30));
+    let mut faults = Decoded::read_kind(&out, "faults");
+    faults.sort_by_key(|p| p.profile.time_nanos);
+    let ratio = |p: &Decoded| p.comment_field("ember.fault_ratio").and_then(|r| r.parse::<u64>().ok()).expect("profiles carry the fault ratio");
+    for p in &faults {
+        let samples = p.samples_of(pid);
+        println!(
+            "interval at {:.1}s: agent {} bpf {} fault ratio {}: {} faults, {:.0} MiB",
+            (p.profile.time_nanos - faults[0].profile.time_nanos) as f64 / 1e9,
+            p.comment_field("ember.overhead.agent").unwrap_or("-"), p.comment_field("ember.overhead.bpf").unwrap_or("-"),
+            ratio(p), Decoded::sum(&samples, 0), Decoded::sum(&samples, 1) as f64 / 1048576.0
+        );
+    }
+    println!("measured overhead {:.3}% of a core (budget 1%)", overhead * 100.0);
+    assert!(faults.iter().any(|p| ratio(p) > 10), "the fault sampling was never narrowed: {:?}\n{stderr}", faults.iter().map(ratio).collect::<Vec<_>>());
+    assert!(overhead <= 0.01, "profiling cost {:.3}% of a core, over the 1% budget:\n{stderr}", overhead * 100.0);
+
+    // Faults are sampled every period on each CPU: an interval's count is off by under a
+    // period a CPU, and a change of period loses under one too. So the bound is a few
+    // longest periods, and 2% at least.
+    let touched = (run.lines[0][0] * 4096) as f64;
+    let bytes: i64 = faults.iter().map(|p| Decoded::sum(&p.samples_of(pid), 1)).sum();
+    let longest = faults.iter().map(ratio).max().unwrap_or(1) as f64 * 4096.0;
+    let bound = (0.02 * touched).max(faults.len() as f64 * 2.0 * longest);
+    println!("faults hold {:.0} MiB; the fixture touched {:.0} MiB (bound {:.0} MiB)", bytes as f64 / 1048576.0, touched / 1048576.0, bound / 1048576.0);
+    assert!((bytes as f64 - touched).abs() <= bound, "the fixture's faults add up to {:.0} MiB; it touched {:.0} MiB", bytes as f64 / 1048576.0, touched / 1048576.0);
+}

@@ -196,12 +196,13 @@ pub fn build(interval: &ResolvedInterval, symbols: &Symbolizer, info: &ProfileIn
     b.profile.time_nanos = nanos(interval.start);
     b.profile.duration_nanos = (nanos(interval.end) - b.profile.time_nanos).max(0);
     let mut comments = vec![format!(
-        "ember.kind={} ember.event={} ember.frequency={} ember.off_cpu_ratio={} ember.net_ratio={}",
+        "ember.kind={} ember.event={} ember.frequency={} ember.off_cpu_ratio={} ember.net_ratio={} ember.fault_ratio={}",
         kind.name(),
         info.event.name(),
         rates.frequency,
         rates.off_cpu_ratio,
-        rates.net_ratio
+        rates.net_ratio,
+        rates.fault_ratio
     )];
     if let Some(overhead) = interval.overhead {
         comments.push(format!(

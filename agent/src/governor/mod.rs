@@ -1,6 +1,6 @@
 //! The overhead governor: keeps what profiling costs (the agent's CPU plus its BPF programs'
 //! run time) within a budget, a share of one core. Once per interval it measures what each
-//! source (on-CPU sampling, off-CPU tracking, network events) cost in the runs that recorded
+//! source (on-CPU sampling, off-CPU tracking, network events, the faults group) cost in the runs that recorded
 //! something, the part its rate scales; the rest (the agent's own CPU, runs that recorded
 //! nothing) is fixed as far as rates go. Over budget, it cuts the dearest sources first, down
 //! to an equal share of what the fixed part leaves; with room to spare it raises them back.
@@ -22,6 +22,8 @@ use crate::{
 
 /// Rates never fall below 1/MAX_CUT of the configured ones (1 Hz at least).
 const MAX_CUT: f64 = 10_000.0;
+/// The sources, in `run`'s order: on-CPU, off-CPU, network, faults.
+const SOURCES: usize = run::SOURCES as usize;
 /// Above CUT of the budget, cut to TARGET of it; raise rates only while the sources take
 /// under LOW/TARGET of the room TARGET leaves beside the fixed part (under LOW of the budget
 /// when nothing is fixed), by at most RAISE an interval, and never past TARGET. The room, not
@@ -64,7 +66,7 @@ pub struct Governor {
     /// Whether the on-CPU frequency may change: only clock events' samples carry their time.
     frequency_governed: bool,
     /// Each source's share of its configured rate, in [1/MAX_CUT, 1].
-    levels: [f64; 3],
+    levels: [f64; SOURCES],
     /// When the last interval was measured, and the agent's CPU time then (ns).
     last: (Instant, u64),
     /// The fixed part of the last intervals.
@@ -90,7 +92,7 @@ impl Governor {
             budget,
             base: sampler.rates(),
             frequency_governed,
-            levels: [1.0; 3],
+            levels: [1.0; SOURCES],
             last: (Instant::now(), process_cpu_ns()),
             fixed: Recent::default(),
             kernel: sampler.program_cost(),
@@ -105,7 +107,7 @@ impl Governor {
     /// interval's rates.
     pub fn govern(&mut self, sampler: &mut Sampler, interval: &mut ResolvedInterval) -> Result<()> {
         let slot = |source: u32, slot: u32| interval.counter(counter::RUN_NS + run::SLOTS * source + slot);
-        let runs = [run::ON_CPU, run::OFF_CPU, run::NET].map(|source| SourceRuns {
+        let runs = [run::ON_CPU, run::OFF_CPU, run::NET, run::FAULTS].map(|source| SourceRuns {
             recorded_ns: slot(source, run::RECORDED_NS),
             recorded: slot(source, run::RECORDED_RUNS),
             skipped_ns: slot(source, run::SKIPPED_NS),
@@ -122,7 +124,8 @@ impl Governor {
         if let Some(rates) = rates {
             tracing::info!(
                 cost = format!("{:.2}%", overhead.total() * 100.0), frequency = rates.frequency,
-                off_cpu_ratio = rates.off_cpu_ratio, net_ratio = rates.net_ratio, "sampling rates changed for the CPU budget"
+                off_cpu_ratio = rates.off_cpu_ratio, net_ratio = rates.net_ratio, fault_ratio = rates.fault_ratio,
+                "sampling rates changed for the CPU budget"
             );
             sampler.set_rates(rates)?;
             publish(rates);
@@ -133,7 +136,7 @@ impl Governor {
     /// Measures the interval that just ended from what the programs measured of themselves
     /// and, if it is on, the kernel's accounting so far, given what the host did. Returns the
     /// interval's overhead and the rates for the next interval, if they change.
-    fn observe(&mut self, runs: [SourceRuns; 3], kernel: Option<ProgramCost>, probes_ns: f64, host: HostActivity) -> (Overhead, Option<SamplingRates>) {
+    fn observe(&mut self, runs: [SourceRuns; SOURCES], kernel: Option<ProgramCost>, probes_ns: f64, host: HostActivity) -> (Overhead, Option<SamplingRates>) {
         let now = (Instant::now(), process_cpu_ns());
         let wall = now.0.duration_since(self.last.0).as_nanos().max(1) as f64;
         let (miss_ns, other_ns) = self.miss(&runs, kernel);
@@ -206,7 +209,7 @@ impl Governor {
     /// when it is on, over the last few intervals (MISS_MEMORY): the programs' counters and
     /// the kernel's cover slightly different windows. The first interval's counters reach
     /// back to when the programs were attached, before the governor's first reading.
-    fn miss(&mut self, runs: &[SourceRuns; 3], kernel: Option<ProgramCost>) -> (f64, f64) {
+    fn miss(&mut self, runs: &[SourceRuns; SOURCES], kernel: Option<ProgramCost>) -> (f64, f64) {
         let (Some(now), Some(last)) = (kernel, self.kernel) else { return (ASSUMED_MISS_NS, 0.0) };
         self.kernel = Some(now);
         let own_ns: u64 = runs.iter().map(|r| r.recorded_ns + r.skipped_ns).sum();
@@ -230,6 +233,7 @@ impl Governor {
             },
             off_cpu_ratio: ratio(self.base.off_cpu_ratio, self.levels[1]),
             net_ratio: ratio(self.base.net_ratio, self.levels[2]),
+            fault_ratio: ratio(self.base.fault_ratio, self.levels[3]),
             paused: self.pauses.paused,
         }
     }
@@ -264,6 +268,7 @@ pub fn publish(rates: SamplingRates) {
     metrics::set("ember_sampling_frequency_hz", &[], rates.frequency as f64);
     metrics::set("ember_sampling_ratio", &[("source", "off_cpu")], f64::from(rates.off_cpu_ratio));
     metrics::set("ember_sampling_ratio", &[("source", "net")], f64::from(rates.net_ratio));
+    metrics::set("ember_sampling_ratio", &[("source", "faults")], f64::from(rates.fault_ratio));
 }
 
 /// The levels for the next interval. Each source's cost is taken as proportional to its
@@ -273,11 +278,11 @@ pub fn publish(rates: SamplingRates) {
 /// budget (`total`), the levels go to that share at once; well within the room, they rise
 /// towards it by at most RAISE a time (a cost measured at a low rate is a rough guide); in
 /// between they stay.
-fn next_levels(levels: [f64; 3], costs: [f64; 3], fixed: f64, total: f64, budget: f64, frequency_governed: bool) -> [f64; 3] {
+fn next_levels(levels: [f64; SOURCES], costs: [f64; SOURCES], fixed: f64, total: f64, budget: f64, frequency_governed: bool) -> [f64; SOURCES] {
     let governed = |i: usize| (i != 0 || frequency_governed) && costs[i] > 0.0;
-    let full = std::array::from_fn::<f64, 3, _>(|i| costs[i] / levels[i]);
-    let mut room = (TARGET * budget - fixed - (0..3).filter(|&i| !governed(i)).map(|i| costs[i]).sum::<f64>()).max(0.0);
-    let mut dear: Vec<usize> = (0..3).filter(|&i| governed(i)).collect();
+    let full = std::array::from_fn::<f64, SOURCES, _>(|i| costs[i] / levels[i]);
+    let mut room = (TARGET * budget - fixed - (0..SOURCES).filter(|&i| !governed(i)).map(|i| costs[i]).sum::<f64>()).max(0.0);
+    let mut dear: Vec<usize> = (0..SOURCES).filter(|&i| governed(i)).collect();
     dear.sort_by(|&a, &b| full[a].total_cmp(&full[b]));
     while let Some(&cheapest) = dear.first() {
         if full[cheapest] * dear.len() as f64 > room {
@@ -290,10 +295,10 @@ fn next_levels(levels: [f64; 3], costs: [f64; 3], fixed: f64, total: f64, budget
     let rising = total - fixed < LOW / TARGET * (TARGET * budget - fixed);
     let mut next = levels;
     // A cut source that recorded nothing costs nothing: it goes back up when there is room.
-    for i in (0..3).filter(|&i| (i != 0 || frequency_governed) && costs[i] == 0.0 && rising) {
+    for i in (0..SOURCES).filter(|&i| (i != 0 || frequency_governed) && costs[i] == 0.0 && rising) {
         next[i] = (levels[i] * RAISE).min(1.0);
     }
-    for i in (0..3).filter(|&i| governed(i)) {
+    for i in (0..SOURCES).filter(|&i| governed(i)) {
         let share = if dear.contains(&i) { (cap / full[i]).clamp(1.0 / MAX_CUT, 1.0) } else { 1.0 };
         if total > CUT * budget {
             next[i] = share.min(levels[i]);
@@ -318,7 +323,7 @@ mod tests {
     const BUDGET: f64 = 0.01;
 
     /// `next_levels` with the total the costs and the fixed part add up to.
-    fn next(levels: [f64; 3], costs: [f64; 3], fixed: f64, frequency_governed: bool) -> [f64; 3] {
+    fn next(levels: [f64; SOURCES], costs: [f64; SOURCES], fixed: f64, frequency_governed: bool) -> [f64; SOURCES] {
         next_levels(levels, costs, fixed, fixed + costs.iter().sum::<f64>(), BUDGET, frequency_governed)
     }
 
@@ -327,7 +332,7 @@ mod tests {
             budget: BUDGET,
             base: SamplingRates { frequency: 999, off_cpu_ratio: 1, net_ratio: 1, ..SamplingRates::default() },
             frequency_governed: true,
-            levels: [1.0; 3],
+            levels: [1.0; SOURCES],
             last: (Instant::now(), 0),
             fixed: Recent::default(),
             kernel,
@@ -341,7 +346,8 @@ mod tests {
     #[test]
     fn the_miss_per_run_is_what_the_kernel_accounts_beyond_the_programs_clock() {
         let cost = |timed_ns, timed_runs, other_ns| Some(ProgramCost { timed_ns, timed_runs, other_ns });
-        let runs = [SourceRuns { recorded_ns: 1_000, recorded: 10, skipped_ns: 9_000, skipped: 90 }, SourceRuns::default(), SourceRuns::default()];
+        let mut runs = [SourceRuns::default(); SOURCES];
+        runs[0] = SourceRuns { recorded_ns: 1_000, recorded: 10, skipped_ns: 9_000, skipped: 90 };
         let mut g = governor(cost(0, 0, 0));
         // The first interval's counters reach back before the governor's first reading.
         assert_eq!(g.miss(&runs, cost(5_000, 100, 7)), (ASSUMED_MISS_NS, 7.0));
@@ -359,40 +365,51 @@ mod tests {
     fn over_budget_the_dearest_source_is_cut_first_and_the_cheap_one_kept() {
         // On-CPU costs 0.3%, off-CPU 4%: of the 0.7% target, on-CPU keeps its 0.3%, off-CPU
         // gets the remaining 0.4%, a tenth of its cost.
-        let levels = next([1.0; 3], [0.003, 0.04, 0.0], 0.0, true);
+        let levels = next([1.0; SOURCES], [0.003, 0.04, 0.0, 0.0], 0.0, true);
         assert_eq!(levels[0], 1.0);
         assert!((levels[1] - 0.1).abs() < 1e-9, "{levels:?}");
         assert_eq!(levels[2], 1.0);
     }
 
     #[test]
+    fn a_costly_faults_group_is_cut_to_its_share_and_records_one_event_in_its_ratio() {
+        // Page faults cost 7%, on-CPU 0.1%: the faults group gets the 0.6% left, 1/11.7 of its rate.
+        let levels = next([1.0; SOURCES], [0.001, 0.0, 0.0, 0.07], 0.0, true);
+        assert_eq!(levels[..3], [1.0; 3]);
+        assert!((levels[3] - 0.006 / 0.07).abs() < 1e-9, "{levels:?}");
+        let mut g = governor(None);
+        g.levels = levels;
+        assert_eq!(g.rates().fault_ratio, 12, "one event in 11.7, rounded up");
+    }
+
+    #[test]
     fn sources_dearer_than_an_equal_share_share_the_room_equally() {
         // Full costs 2% and 4% (at level 0.5); room 0.7% - 0.1% fixed - 0.1% net: 0.25% each.
-        let levels = next([1.0, 0.5, 1.0], [0.02, 0.02, 0.001], 0.001, true);
+        let levels = next([1.0, 0.5, 1.0, 1.0], [0.02, 0.02, 0.001, 0.0], 0.001, true);
         assert!((levels[0] - 0.125).abs() < 1e-9 && (levels[1] - 0.0625).abs() < 1e-9, "{levels:?}");
         assert_eq!(levels[2], 1.0);
     }
 
     #[test]
     fn a_fixed_frequency_is_never_cut_and_the_others_make_room_for_it() {
-        let levels = next([1.0; 3], [0.006, 0.01, 0.0], 0.0, false);
+        let levels = next([1.0; SOURCES], [0.006, 0.01, 0.0, 0.0], 0.0, false);
         assert_eq!(levels[0], 1.0);
         assert!((levels[1] - 0.1).abs() < 1e-9, "{levels:?}");
     }
 
     #[test]
     fn with_no_room_beside_the_fixed_part_every_source_goes_to_the_floor() {
-        assert_eq!(next([1.0; 3], [0.5, 0.5, 0.5], 0.02, true), [1.0 / MAX_CUT; 3]);
+        assert_eq!(next([1.0; SOURCES], [0.5, 0.5, 0.5, 0.5], 0.02, true), [1.0 / MAX_CUT; SOURCES]);
     }
 
     #[test]
     fn well_under_budget_levels_rise_by_at_most_raise_and_never_past_the_target() {
         // On-CPU at 1% of its rate costs 0.01%: its full cost, 1%, does not fit the 0.7%
         // target; it rises by RAISE. At 40% (full cost 1%) it rises to 70%, not beyond.
-        let levels = next([0.01, 0.1, 1.0], [0.0001, 0.0, 0.0], 0.001, true);
+        let levels = next([0.01, 0.1, 1.0, 1.0], [0.0001, 0.0, 0.0, 0.0], 0.001, true);
         assert!((levels[0] - 0.01 * RAISE).abs() < 1e-9, "{levels:?}");
         assert_eq!(levels[1], 0.1 * RAISE, "a source that recorded nothing rises too");
-        let levels = next([0.4, 1.0, 1.0], [0.004, 0.0, 0.0], 0.0, true);
+        let levels = next([0.4, 1.0, 1.0, 1.0], [0.004, 0.0, 0.0, 0.0], 0.0, true);
         assert!((levels[0] - 0.7).abs() < 1e-9, "{levels:?}");
     }
 
@@ -402,16 +419,16 @@ mod tests {
         // intervals), the sources at the floor 0.01%. The total is over half the budget, yet
         // the sources use a tenth of the 0.15% the target leaves them.
         let floor = 1.0 / MAX_CUT;
-        let levels = next([floor; 3], [0.0001, 0.0, 0.0], 0.0055, true);
+        let levels = next([floor; SOURCES], [0.0001, 0.0, 0.0, 0.0], 0.0055, true);
         assert!(levels.iter().all(|&l| (l - floor * RAISE).abs() < 1e-12), "{levels:?}");
         // Once they use most of that room, they stay.
-        let levels = [0.5, 0.25, 1.0];
-        assert_eq!(next(levels, [0.0008, 0.0004, 0.0], 0.0055, true), levels);
+        let levels = [0.5, 0.25, 1.0, 1.0];
+        assert_eq!(next(levels, [0.0008, 0.0004, 0.0, 0.0], 0.0055, true), levels);
     }
 
     #[test]
     fn between_low_and_cut_nothing_changes() {
-        let levels = [0.5, 0.25, 1.0];
-        assert_eq!(next(levels, [0.003, 0.003, 0.0], 0.001, true), levels);
+        let levels = [0.5, 0.25, 1.0, 1.0];
+        assert_eq!(next(levels, [0.003, 0.003, 0.0, 0.0], 0.001, true), levels);
     }
 }

@@ -37,7 +37,7 @@ pub struct ProgramCost {
     /// The programs that time themselves (`counter::RUN_NS`): nanoseconds and runs.
     pub timed_ns: u64,
     pub timed_runs: u64,
-    /// The others (process exec and exit, the faults and alloc groups), which no rate lowers.
+    /// The others (process exec and exit, the allocator probes), which no rate lowers.
     pub other_ns: u64,
 }
 
@@ -50,7 +50,7 @@ impl Sampler {
             // A program that is not loaded is not attached either.
             let Ok(info) = program.info() else { continue };
             let ns = info.run_time().as_nanos() as u64;
-            let untimed = [names::PROG_EXEC, names::PROG_EXIT, names::PROG_FAULT, names::PROG_BRK, names::PROG_MMAP];
+            let untimed = [names::PROG_EXEC, names::PROG_EXIT];
             let probes = [names::PROG_ALLOCATION_CALLED, names::PROG_ALLOCATION_RETURNED, names::PROG_FREE_CALLED];
             if untimed.contains(&name) || probes.contains(&name) {
                 cost.other_ns += ns;

@@ -12,7 +12,6 @@ use anyhow::{Context as _, Result};
 use aya::{
     maps::{Array, HashMap as BpfHashMap, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap, RingBuf, StackTraceMap},
     programs::{
-        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         trace_point::TracePointLinkId,
         uprobe::UProbeLinkId,
         PerfEvent, ProgramError, ProgramInfo, TracePoint, UProbe,
@@ -30,7 +29,7 @@ use super::{
     btf::Btf,
     alloc_sampling::{gap_table, LiveSet},
     layouts::{area_layout, exit_group_dead, fork_child_pid, net_layouts, request_layout, switch_layout, task_layout, transmit_attribution},
-    sampling::{Paused, PerfSampling, SamplingRates},
+    sampling::{FaultSampling, Paused, PerfSampling, SamplingRates},
     unwind_maps::UnwindMaps,
     Stack,
 };
@@ -55,6 +54,8 @@ pub struct Sampler {
     pub(super) ebpf: Option<Ebpf>,
     /// The on-CPU perf events (on-CPU sampling only).
     pub(super) perf: Option<PerfSampling>,
+    /// The page-fault events (the `faults` group only).
+    pub(super) faults: Option<FaultSampling>,
     pub(super) rates: SamplingRates,
     pub(super) rates_map: Array<MapData, Rates>,
     pub(super) barrier: ProgramBarrier,
@@ -192,6 +193,7 @@ impl Sampler {
             frequency: settings.frequency,
             off_cpu_ratio: settings.off_cpu.as_ref().map_or(1, |o| o.ratio.max(1)),
             net_ratio: 1,
+            fault_ratio: 1,
             paused: Paused::default(),
         };
         let mut rates_map: Array<_, Rates> = Array::try_from(take(&mut ebpf, names::RATES)?)?;
@@ -205,8 +207,8 @@ impl Sampler {
             None
         };
 
-        if let Some(period) = settings.fault_period {
-            attach_fault_sampler(&mut ebpf, &cpus, period)?;
+        let faults = settings.fault_period.map(|period| FaultSampling::attach(load_perf_event(&mut ebpf, names::PROG_FAULT)?, cpus.clone(), period)).transpose()?;
+        if faults.is_some() {
             attach_tracepoint(&mut ebpf, names::PROG_BRK, "syscalls", "sys_enter_brk")?;
             attach_tracepoint(&mut ebpf, names::PROG_MMAP, "syscalls", "sys_enter_mmap")?;
         }
@@ -257,6 +259,7 @@ impl Sampler {
         let sampler = Sampler {
             ebpf: Some(ebpf),
             perf,
+            faults,
             rates,
             rates_map,
             barrier,
@@ -293,18 +296,6 @@ impl Sampler {
     pub fn stop(&mut self) {
         self.ebpf = None;
     }
-}
-
-/// The `faults` group: the software page-faults event on each CPU of `cpus`, sampled every
-/// `period` faults, drives its program. The events stay attached as long as the programs.
-fn attach_fault_sampler(ebpf: &mut Ebpf, cpus: &[u32], period: u64) -> Result<()> {
-    let prog = load_perf_event(ebpf, names::PROG_FAULT)?;
-    for &cpu in cpus {
-        let event = PerfEventConfig::Software(SoftwareEvent::PageFaults);
-        prog.attach(event, PerfEventScope::AllProcessesOneCpu { cpu }, SamplePolicy::Period(period), false)
-            .map_err(|e| anyhow::anyhow!("attaching the page-fault sampler to CPU {cpu}: {e}{}", chain(&e)))?;
-    }
-    Ok(())
 }
 
 /// Loads a program as its type (aya's program types share no trait for `load`).

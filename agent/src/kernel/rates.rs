@@ -75,7 +75,8 @@ impl Sampler {
 
     /// Applies new rates now. A new frequency re-opens the perf events, and each sample
     /// weighs its own period; what the old events ran after their last tick is added to the
-    /// next samples of each CPU at the next drain (`spread_unsampled`).
+    /// next samples of each CPU at the next drain (`spread_unsampled`). A new fault ratio
+    /// re-opens the page-fault events at as many periods.
     pub fn set_rates(&mut self, rates: SamplingRates) -> Result<()> {
         if rates.frequency != self.rates.frequency {
             if let (Some(ebpf), Some(perf)) = (self.ebpf.as_mut(), self.perf.as_mut()) {
@@ -83,6 +84,12 @@ impl Sampler {
                 let unsampled = perf.reopen(prog, rates.frequency, self.nr_cpus)?;
                 self.unsampled.resize(unsampled.len(), 0);
                 self.unsampled.iter_mut().zip(unsampled).for_each(|(sum, ns)| *sum += ns);
+            }
+        }
+        if rates.fault_ratio != self.rates.fault_ratio {
+            if let (Some(ebpf), Some(faults)) = (self.ebpf.as_mut(), self.faults.as_mut()) {
+                let prog: &mut PerfEvent = ebpf.program_mut(names::PROG_FAULT).context("program missing")?.try_into()?;
+                faults.set_ratio(prog, rates.fault_ratio)?;
             }
         }
         if rates.paused.off_cpu != self.rates.paused.off_cpu {

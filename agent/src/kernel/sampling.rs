@@ -1,23 +1,26 @@
-//! The sampling the programs run under: the rates in force, and the perf events that drive
-//! on-CPU sampling, one per CPU, with when their clock ticks.
+//! The sampling the programs run under: the rates in force, the perf events that drive
+//! on-CPU sampling, one per CPU, with when their clock ticks, and those that drive the
+//! sampling of page faults.
 use std::time::{Duration, Instant};
 
 use agent_common::Rates;
 use anyhow::{Context as _, Result};
 use aya::programs::{
-    perf_event::{PerfEventLinkId, PerfEventScope, SamplePolicy},
+    perf_event::{PerfEventConfig, PerfEventLinkId, PerfEventScope, SamplePolicy, SoftwareEvent},
     PerfEvent,
 };
 
 use super::{aya_errors::chain, events::Event};
 
-/// The rates in force: on-CPU frequency (Hz), one off-CPU block and one network event in
-/// how many are recorded; and what the CPU budget paused, when no rate is low enough.
+/// The rates in force: on-CPU frequency (Hz), one off-CPU block, one network event and one
+/// event of the faults group (a page-fault sample, a brk or mmap call) in how many are
+/// recorded; and what the CPU budget paused, when no rate is low enough.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SamplingRates {
     pub frequency: u64,
     pub off_cpu_ratio: u32,
     pub net_ratio: u32,
+    pub fault_ratio: u32,
     pub paused: Paused,
 }
 
@@ -46,6 +49,7 @@ impl SamplingRates {
             off_cpu_ratio: self.off_cpu_ratio,
             net_ratio: self.net_ratio,
             exec_announcements_paused: u32::from(self.paused.exec_capture),
+            fault_ratio: self.fault_ratio,
         }
     }
 }
@@ -98,6 +102,47 @@ impl PerfSampling {
         }
         self.attach(prog, frequency)?;
         Ok(unsampled)
+    }
+}
+
+/// The software page-faults events that drive the `faults` group's program, one per CPU,
+/// re-opened to change their period. Each sample carries its period, so the weights stay
+/// true; what a closed event counted since its last sample (under a period on each CPU) is
+/// lost. That is rare and small: the budget changes the period seldom, and sizes it to the
+/// fault rate, so a period is a fraction of a millisecond of the host's faults.
+pub(super) struct FaultSampling {
+    cpus: Vec<u32>,
+    /// The configured period (`--fault-period`): the shortest.
+    base: u64,
+    links: Vec<PerfEventLinkId>,
+}
+
+impl FaultSampling {
+    /// Opens the event on every CPU of `cpus`, sampled every `period` faults, and attaches
+    /// `prog` to each.
+    pub(super) fn attach(prog: &mut PerfEvent, cpus: Vec<u32>, period: u64) -> Result<FaultSampling> {
+        let mut faults = FaultSampling { cpus, base: period, links: Vec::new() };
+        faults.open(prog, period)?;
+        Ok(faults)
+    }
+
+    fn open(&mut self, prog: &mut PerfEvent, period: u64) -> Result<()> {
+        for &cpu in &self.cpus {
+            let event = PerfEventConfig::Software(SoftwareEvent::PageFaults);
+            let link = prog
+                .attach(event, PerfEventScope::AllProcessesOneCpu { cpu }, SamplePolicy::Period(period), false)
+                .map_err(|e| anyhow::anyhow!("attaching the page-fault sampler to CPU {cpu}: {e}{}", chain(&e)))?;
+            self.links.push(link);
+        }
+        Ok(())
+    }
+
+    /// Re-opens the events sampled every `ratio` configured periods.
+    pub(super) fn set_ratio(&mut self, prog: &mut PerfEvent, ratio: u32) -> Result<()> {
+        for link in std::mem::take(&mut self.links) {
+            prog.detach(link).context("detaching the page-fault sampler")?;
+        }
+        self.open(prog, self.base.saturating_mul(u64::from(ratio.max(1))))
     }
 }
 
