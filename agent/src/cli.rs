@@ -155,7 +155,8 @@ pub struct SamplingArgs {
     /// Event groups to record: cpu (on-CPU sampling), offcpu (blocked time, by where threads
     /// blocked; with cpu also a wall-clock profile), net (network tracepoints), faults (page
     /// faults: where memory is first touched), alloc (the allocator calls of the --pid
-    /// processes: what they allocate and hold) [default: cpu].
+    /// processes, or of the --cgroup's, those that join it later too: what they allocate
+    /// and hold) [default: cpu].
     #[arg(long, value_delimiter = ',', value_parser = ["cpu", "offcpu", "net", "faults", "alloc"])]
     pub events: Vec<String>,
     /// Faults: record one page fault in N on each CPU (each sample stands for N)

@@ -6,7 +6,7 @@
 //! root.
 use std::{collections::HashMap, path::Path, process::Command, time::Duration};
 
-use ember_tests::{contain, require_root, Agent, Decoded, Fixture, FixtureRun, Sample, TempDir};
+use ember_tests::{contain, require_root, Agent, Decoded, Fixture, FixtureRun, Sample, TempDir, TestCgroups};
 
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
 const LEAK_MIB: u64 = 64;
@@ -62,12 +62,7 @@ fn allocations_split_by_caller_and_the_leak_is_what_stays_in_use() {
         space(&most, INUSE_SPACE) / 1048576.0,
         space(&rest, INUSE_SPACE) / 1048576.0,
     );
-    let (most_space, rest_space) = (space(&most, ALLOC_SPACE), space(&rest, ALLOC_SPACE));
-    let share = most_space / (most_space + rest_space);
-    let truth = most_bytes / (most_bytes + rest_bytes);
-    assert!((share - truth).abs() <= 0.02, "alloc_most allocated {share:.3} of the two sites' bytes; truth {truth:.3}");
-    let both = most_space + rest_space;
-    assert!((both / (most_bytes + rest_bytes) - 1.0).abs() <= 0.05, "the two sites' alloc_space is {:.1} MiB of {:.1}", both / 1048576.0, (most_bytes + rest_bytes) / 1048576.0);
+    assert_split(space(&most, ALLOC_SPACE), space(&rest, ALLOC_SPACE), &run);
 
     let leak_in_use = space(&leak, INUSE_SPACE);
     assert!((leak_in_use / leaked - 1.0).abs() <= 0.05, "the leak holds {:.1} MiB in use; it leaked {:.1}", leak_in_use / 1048576.0, leaked / 1048576.0);
@@ -91,6 +86,74 @@ fn allocations_split_by_caller_and_the_leak_is_what_stays_in_use() {
     }
     assert!((leak_in_use / leaked_by[2] - 1.0).abs() <= 0.05, "the leak: Ember {:.1} MiB in use, heaptrack {:.1} leaked", leak_in_use / 1048576.0, leaked_by[2] / 1048576.0);
     assert!(leaked_by[0] + leaked_by[1] == 0.0, "heaptrack saw the freed sites leak");
+}
+
+/// The `alloc` mode's two sites' alloc_space (`most`, `rest`) against what the fixture
+/// allocated (`run`): the split within 2 points, the sum within 5%.
+fn assert_split(most: f64, rest: f64, run: &FixtureRun) {
+    let (most_bytes, rest_bytes) = (run.lines[0][0] as f64, run.lines[0][1] as f64);
+    let share = most / (most + rest);
+    let truth = most_bytes / (most_bytes + rest_bytes);
+    assert!((share - truth).abs() <= 0.02, "alloc_most allocated {share:.3} of the two sites' bytes; truth {truth:.3}");
+    let both = most + rest;
+    assert!((both / (most_bytes + rest_bytes) - 1.0).abs() <= 0.05, "the two sites' alloc_space is {:.1} MiB of {:.1}", both / 1048576.0, (most_bytes + rest_bytes) / 1048576.0);
+}
+
+/// The BPF links process `pid` holds open: its programs' attachments, a probe each.
+fn links_of(pid: u32) -> usize {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("the agent's fds");
+    fds.flatten().filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target.to_string_lossy().contains("bpf_link"))).count()
+}
+
+/// Whether `done` holds within `limit`, looked at every 50 ms.
+fn within(limit: Duration, done: impl Fn() -> bool) -> bool {
+    let end = std::time::Instant::now() + limit;
+    while !done() {
+        if std::time::Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
+/// The alloc group given a cgroup, not pids: a process that joins the cgroup after the agent
+/// started is probed (the agent reads the cgroup's members ten times a second), and its
+/// allocations split as it made them; once it has ended, its probes are out.
+#[test]
+fn a_process_that_joins_the_chosen_cgroup_later_is_probed_and_its_probes_go_when_it_ends() {
+    require_root();
+    let dir = TempDir::new("alloc-cgroup");
+    let mut cgroups = TestCgroups::new();
+    cgroups.create("alloc");
+    let out = dir.path("heap.pb.gz");
+    let cgroup = cgroups.dir("alloc");
+    let agent_args = ["record", "-d", "10s", "-o", out.to_str().unwrap(), "--events", "alloc", "--cgroup", cgroup.to_str().unwrap(), "--alloc-sample", SAMPLE_MEAN];
+    let mut agent = Agent::spawn(&agent_args);
+    agent.wait_ready();
+    // The group's other programs (exec, exit...): no probe is in before a process joins.
+    let unprobed_links = links_of(agent.pid());
+    let mut fixture = Fixture::spawn_with(Command::new(FIXTURE), "alloc", 3.0, &[&LEAK_MIB.to_string()]);
+    let pid = fixture.pid();
+    cgroups.enter("alloc", pid);
+    assert!(within(Duration::from_secs(5), || links_of(agent.pid()) > unprobed_links), "the process that joined the cgroup was not probed within 5 s:\n{}", agent.stderr());
+    fixture.start();
+    let run = fixture.finish();
+    let unprobed = within(Duration::from_secs(3), || links_of(agent.pid()) == unprobed_links);
+    let stderr = agent.wait_success(Duration::from_secs(60));
+    assert!(unprobed, "the probes of the process that ended stayed in:\n{stderr}");
+    let profile = Decoded::read(&out);
+    let samples = profile.samples_of(pid);
+    let of = |function: &str, index| Decoded::sum(&samples.iter().copied().filter(|s| s.has_function(function)).collect::<Vec<&Sample>>(), index) as f64;
+    let space = |function: &str| of(function, ALLOC_SPACE);
+    println!(
+        "alloc_space: alloc_most {:.1} MiB, alloc_rest {:.1} MiB, leak {:.1} MiB; the fixture: {:?}",
+        space("fixture::alloc_most") / 1048576.0, space("fixture::alloc_rest") / 1048576.0, space("fixture::leak") / 1048576.0, run.lines
+    );
+    assert_split(space("fixture::alloc_most"), space("fixture::alloc_rest"), &run);
+    // The leak was seen, and given back when the process ended.
+    assert!(space("fixture::leak") > 0.5 * run.lines[0][2] as f64, "the leak's allocations were not seen");
+    assert_eq!(of("fixture::leak", INUSE_SPACE), 0.0, "the ended process's leak is still in use");
 }
 
 /// Runs the fixture (`args`) under heaptrack and returns, per function of `sites`, the calls

@@ -1,7 +1,8 @@
 //! The `alloc` group's probes: attached to one process's allocator at a time (a uprobe with a
 //! pid traps in that process only; without one it would trap in every process that maps the
-//! file), and taken out together when their time is up or the CPU budget says so. What a trap
-//! costs is measured here, on the agent's own code, for the budget to count the probes.
+//! file), taken out of a process that is gone, and out of all together when their time is up
+//! or the CPU budget says so. What a trap costs is measured here, on the agent's own code, for
+//! the budget to count the probes.
 use std::{hint::black_box, num::NonZeroU32, path::Path, time::Instant};
 
 use agent_common::names;
@@ -44,7 +45,7 @@ impl Sampler {
             }
         }
         let count = links.len();
-        self.alloc_links.extend(links);
+        self.alloc_links.entry(pid.get()).or_default().extend(links);
         Ok(count)
     }
 
@@ -80,14 +81,28 @@ impl Sampler {
     /// Takes every allocator probe out, and forgets the live allocations they tracked (their
     /// frees would go unseen from now on).
     pub fn unprobe_allocators(&mut self) -> Result<()> {
-        let links: Vec<(&'static str, UProbeLinkId)> = std::mem::take(&mut self.alloc_links);
-        if let Some(ebpf) = self.ebpf.as_mut() {
-            for (program, link) in links {
-                let prog: &mut UProbe = ebpf.program_mut(program).context("program missing")?.try_into()?;
-                prog.detach(link).with_context(|| format!("detaching {program}"))?;
-            }
+        for (_, links) in std::mem::take(&mut self.alloc_links) {
+            self.detach_alloc_links(links)?;
         }
         self.forget_live_allocations()
+    }
+
+    /// Takes out the probes of process `pid`, which is gone. (What it held is given back
+    /// with the other exited processes' at the drain.)
+    pub fn unprobe_process(&mut self, pid: u32) -> Result<()> {
+        match self.alloc_links.remove(&pid) {
+            Some(links) => self.detach_alloc_links(links),
+            None => Ok(()),
+        }
+    }
+
+    fn detach_alloc_links(&mut self, links: Vec<(&'static str, UProbeLinkId)>) -> Result<()> {
+        let Some(ebpf) = self.ebpf.as_mut() else { return Ok(()) };
+        for (program, link) in links {
+            let prog: &mut UProbe = ebpf.program_mut(program).context("program missing")?.try_into()?;
+            prog.detach(link).with_context(|| format!("detaching {program}"))?;
+        }
+        Ok(())
     }
 }
 

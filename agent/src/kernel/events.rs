@@ -1,7 +1,7 @@
 //! What the kernel side can be asked to record: the perf event that drives on-CPU sampling,
 //! the network tracepoints, and the resolved settings the loader receives. Parsing user input
 //! into these is the settings module's job; this one only knows what exists.
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
 use agent_common::{kind, names};
 use aya::programs::perf_event::{HardwareEvent, PerfEventConfig, SoftwareEvent};
@@ -143,6 +143,9 @@ pub struct AllocSettings {
     pub leak_age: Duration,
     /// The probes come out after this long (None: when the agent stops).
     pub probe_for: Option<Duration>,
+    /// Without pids: the cgroup (its directory) whose processes are probed, those that join
+    /// it later too.
+    pub cgroup: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug)]

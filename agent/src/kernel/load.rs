@@ -86,8 +86,8 @@ pub struct Sampler {
     /// of them.
     pub(super) live: Option<BpfHashMap<MapData, LiveKey, LiveAllocation>>,
     pub(super) live_set: Option<LiveSet>,
-    /// The allocator probes in, by program.
-    pub(super) alloc_links: Vec<(&'static str, UProbeLinkId)>,
+    /// The allocator probes in: by process, the program and its link.
+    pub(super) alloc_links: HashMap<u32, Vec<(&'static str, UProbeLinkId)>>,
     /// What one of their traps costs here (ns), once measured.
     pub(super) alloc_trap_ns: Option<f64>,
 }
@@ -278,7 +278,7 @@ impl Sampler {
             run_time_stats: if settings.measure_run_time { RunTimeStats::enable() } else { None },
             live,
             live_set: settings.alloc.as_ref().map(|alloc| LiveSet::new(alloc.mean_bytes, alloc.leak_age)),
-            alloc_links: Vec::new(),
+            alloc_links: HashMap::new(),
             alloc_trap_ns: None,
         };
         Ok((sampler, Announcements::new(process_events)?, unwind_maps))
@@ -377,7 +377,7 @@ mod tests {
             off_cpu: Some(OffCpuSettings::for_tests()),
             net: (0..names::NET_PROGRAMS.len()).map(NetEvent).collect(),
             fault_period: Some(1000),
-            alloc: Some(AllocSettings { mean_bytes: 1 << 19, max_live: 64, leak_age: Duration::from_secs(60), probe_for: None }),
+            alloc: Some(AllocSettings { mean_bytes: 1 << 19, max_live: 64, leak_age: Duration::from_secs(60), probe_for: None, cgroup: None }),
             pids: vec![std::process::id()],
             ..KernelSettings::for_tests()
         };

@@ -21,10 +21,15 @@ pub fn cgroup2_mount() -> Option<PathBuf> {
 
 /// The id of a cgroup given as a path (absolute, or relative to the cgroup2 mount).
 pub fn cgroup_id(path: &str) -> Result<u64> {
-    let Some(root) = cgroup2_mount() else { bail!("no cgroup2 filesystem is mounted: cannot filter by cgroup") };
-    let full = if Path::new(path).starts_with(&root) { PathBuf::from(path) } else { root.join(path.trim_start_matches('/')) };
+    let full = cgroup_dir(path)?;
     let meta = fs::metadata(&full).with_context(|| format!("cgroup {} does not exist", full.display()))?;
     Ok(meta.ino())
+}
+
+/// The directory of a cgroup given as a path (absolute, or relative to the cgroup2 mount).
+pub fn cgroup_dir(path: &str) -> Result<PathBuf> {
+    let Some(root) = cgroup2_mount() else { bail!("no cgroup2 filesystem is mounted: cannot filter by cgroup") };
+    Ok(if Path::new(path).starts_with(&root) { PathBuf::from(path) } else { root.join(path.trim_start_matches('/')) })
 }
 
 pub struct CgroupNames {

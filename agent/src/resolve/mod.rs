@@ -1,6 +1,7 @@
 //! Stage 2, resolve: owns the loaded kernel side, captures new processes when the kernel
 //! announces them (their mappings, while they still run), and turns each drain into a
 //! resolved interval of processes, cgroup labels and binary offsets. The commands call it.
+mod alloc_cgroup;
 mod allocator;
 mod binary;
 mod cgroups;
@@ -24,7 +25,7 @@ use agent_common::kind;
 use anyhow::{Context as _, Result};
 
 pub use binary::{build_id_of, Binary, BinaryOpened};
-pub use cgroups::cgroup_id;
+pub use cgroups::{cgroup_dir, cgroup_id};
 pub use interval::{ResolvedInterval, ResolvedSample, Site};
 pub use procs::UserAddress;
 pub use python::PythonFrame;
@@ -40,6 +41,7 @@ use crate::{
     unwind::Unwinder,
 };
 use interval::{resolve, DropReasons};
+use alloc_cgroup::{CgroupMembers, FOLLOW_EVERY};
 use life::Life;
 use procs::{Captured, ProcessTable};
 use python::Pythons;
@@ -56,6 +58,9 @@ pub struct Resolver {
     capacity: (u32, u32),
     /// When the allocator probes come out.
     alloc_until: Option<Instant>,
+    /// The cgroup whose processes' allocators are probed, while they are (the `alloc` group
+    /// given a cgroup).
+    alloc_cgroup: Option<CgroupMembers>,
     /// The host's counters at the last drain that could read them.
     host: Option<HostStat>,
 }
@@ -81,6 +86,7 @@ impl Resolver {
             drop_reasons,
             capacity: (settings.max_keys, settings.max_stacks),
             alloc_until: None,
+            alloc_cgroup: None,
             host: HostStat::read(),
         };
         // Processes that already run are loaded now, so that their first samples already have
@@ -103,6 +109,8 @@ impl Resolver {
             for &pid in &settings.pids {
                 resolver.probe_allocator(pid)?;
             }
+            resolver.alloc_cgroup = alloc.cgroup.clone().map(CgroupMembers::new);
+            resolver.follow_alloc_cgroup()?;
             resolver.alloc_until = alloc.probe_for.map(|duration| Instant::now() + duration);
         }
         Ok(resolver)
@@ -118,10 +126,51 @@ impl Resolver {
         Ok(())
     }
 
-    /// Waits for the kernel to announce new processes and captures them. Loop on it.
+    /// Waits for the kernel to announce new processes and captures them; while the `alloc`
+    /// group follows a cgroup, probes its new members too. Loop on it.
     pub async fn capture_new_processes(&mut self) -> Result<()> {
-        self.announcements.readable().await?;
-        self.capture_announced();
+        if self.alloc_cgroup.is_none() {
+            self.announcements.readable().await?;
+            self.capture_announced();
+            return Ok(());
+        }
+        let announced = tokio::select! {
+            ready = self.announcements.readable() => Some(ready),
+            _ = tokio::time::sleep(FOLLOW_EVERY) => None,
+        };
+        if let Some(ready) = announced {
+            ready?;
+            self.capture_announced();
+        }
+        self.follow_alloc_cgroup()
+    }
+
+    /// Probes the allocators of the processes that joined the followed cgroup, and takes the
+    /// probes out of those that left. Stops following once the CPU budget took the probes
+    /// out for good.
+    fn follow_alloc_cgroup(&mut self) -> Result<()> {
+        if self.sampler.rates().paused.alloc_probes {
+            self.alloc_cgroup = None;
+        }
+        let Some(members) = self.alloc_cgroup.as_mut() else { return Ok(()) };
+        let (joined, left) = members.changes();
+        for pid in left {
+            self.sampler.unprobe_process(pid)?;
+        }
+        if joined.is_empty() {
+            return Ok(());
+        }
+        for &pid in &joined {
+            self.processes.capture(pid, None, false);
+        }
+        self.load_unwind_tables();
+        for pid in joined {
+            // A process may be gone already, or be one without an allocator to probe (static).
+            if let Err(e) = self.probe_allocator(pid) {
+                tracing::info!(pid, "its allocator is not probed: {e:#}");
+                metrics::add("ember_alloc_unprobed_total", &[], 1.0);
+            }
+        }
         Ok(())
     }
 
@@ -195,6 +244,7 @@ impl Resolver {
     pub fn drain(&mut self) -> Result<ResolvedInterval> {
         if self.alloc_until.is_some_and(|until| Instant::now() >= until) {
             self.alloc_until = None;
+            self.alloc_cgroup = None;
             self.sampler.unprobe_allocators()?;
             tracing::info!("allocator probes taken out: their time is up (alloc_for)");
         }

@@ -22,7 +22,7 @@ use crate::{
     encode::ProfileKind,
     kernel::{tracefs::Format, AllocSettings, Event, KernelSettings, NetEvent, OffCpuSettings},
     resolve::{
-        cgroup_id,
+        cgroup_dir, cgroup_id,
         pods::{PodSettings, Source},
         relabel::Relabeler,
     },
@@ -209,7 +209,7 @@ fn kernel_settings(args: &SamplingArgs, file: &FileConfig, default_frequency: u6
         }
     }
     let pids = if args.pids.is_empty() { file.pids.clone().unwrap_or_default() } else { args.pids.clone() };
-    let alloc = has("alloc").then(|| alloc_settings(args, file, &pids)).transpose()?;
+    let alloc = has("alloc").then(|| alloc_settings(args, file, &pids, cgroup.as_deref())).transpose()?;
     Ok(KernelSettings {
         cpu: has("cpu"),
         event: args.event.or(file.event).unwrap_or(Event::CpuClock),
@@ -227,9 +227,12 @@ fn kernel_settings(args: &SamplingArgs, file: &FileConfig, default_frequency: u6
     })
 }
 
-fn alloc_settings(args: &SamplingArgs, file: &FileConfig, pids: &[u32]) -> Result<AllocSettings> {
+fn alloc_settings(args: &SamplingArgs, file: &FileConfig, pids: &[u32], cgroup: Option<&str>) -> Result<AllocSettings> {
     // Every call of a probed allocator traps (microseconds): never on every process of a host.
-    ensure!(!pids.is_empty(), "the alloc group probes the allocators of chosen processes only: give them with --pid");
+    ensure!(
+        !pids.is_empty() || cgroup.is_some(),
+        "the alloc group probes the allocators of chosen processes only: give them with --pid, or their cgroup with --cgroup"
+    );
     let text = |flag: &Option<String>, file: &Option<String>, default: &str| flag.clone().or(file.clone()).unwrap_or_else(|| default.to_string());
     let mean_bytes = parse_bytes(&text(&args.alloc_sample, &file.alloc_sample, DEFAULT_ALLOC_SAMPLE)).context("alloc_sample")?;
     ensure!((1..=1 << 40).contains(&mean_bytes), "alloc_sample must be between 1 byte and 1TiB");
@@ -240,6 +243,7 @@ fn alloc_settings(args: &SamplingArgs, file: &FileConfig, pids: &[u32]) -> Resul
         max_live,
         leak_age: parse_duration(&text(&args.leak_age, &file.leak_age, DEFAULT_LEAK_AGE)).context("leak_age")?,
         probe_for: Some(parse_duration(&text(&args.alloc_for, &file.alloc_for, DEFAULT_ALLOC_FOR)).context("alloc_for")?),
+        cgroup: cgroup.filter(|_| pids.is_empty()).map(cgroup_dir).transpose()?,
     })
 }
 
@@ -494,7 +498,7 @@ mod tests {
     fn the_alloc_group_needs_chosen_processes_and_takes_its_defaults() {
         let mut args = SamplingArgs { events: vec!["alloc".into()], ..SamplingArgs::default() };
         let error = kernel_settings(&args, &FileConfig::default(), 19).err().expect("alloc without --pid").to_string();
-        assert!(error.contains("--pid") && !error.contains('\n'), "{error}");
+        assert!(error.contains("--pid") && error.contains("--cgroup") && !error.contains('\n'), "{error}");
         args.pids = vec![1];
         let alloc = kernel_settings(&args, &FileConfig::default(), 19).unwrap().alloc.expect("the alloc group");
         assert_eq!((alloc.mean_bytes, alloc.max_live), (512 << 10, 65_536));
