@@ -99,6 +99,34 @@ fn assert_split(most: f64, rest: f64, run: &FixtureRun) {
     assert!((both / (most_bytes + rest_bytes) - 1.0).abs() <= 0.05, "the two sites' alloc_space is {:.1} MiB of {:.1}", both / 1048576.0, (most_bytes + rest_bytes) / 1048576.0);
 }
 
+/// The same fixture on Debian's jemalloc and tcmalloc, preloaded (`cargo xtask setup`
+/// installs them): the agent probes the preloaded allocator, not libc, and the split and the
+/// leak come out as on glibc.
+#[test]
+fn preloaded_jemalloc_and_tcmalloc_are_probed_and_give_the_split_and_the_leak() {
+    require_root();
+    for library in ["libjemalloc.so.2", "libtcmalloc_minimal.so.4"] {
+        let path = Path::new("/usr/lib").join(format!("{}-linux-gnu", std::env::consts::ARCH)).join(library);
+        assert!(path.is_file(), "{} is missing: run `cargo xtask setup`", path.display());
+        let mut command = Command::new(FIXTURE);
+        command.env("LD_PRELOAD", &path);
+        let (profile, pid, run, stderr) = record_heap(&TempDir::new("alloc-preloaded"), command, "alloc", &[&LEAK_MIB.to_string()], SAMPLE_MEAN);
+        assert!(stderr.lines().any(|l| l.contains("allocator probed") && l.contains(library)), "{library} was not the allocator probed:\n{stderr}");
+        let samples = profile.samples_of(pid);
+        let of = |function: &str, index| Decoded::sum(&samples.iter().copied().filter(|s| s.has_function(function)).collect::<Vec<&Sample>>(), index) as f64;
+        let (leak_in_use, leaked) = (of("fixture::leak", INUSE_SPACE), run.lines[0][2] as f64);
+        let freed_in_use = of("fixture::alloc_most", INUSE_SPACE) + of("fixture::alloc_rest", INUSE_SPACE);
+        println!(
+            "{library}: alloc_space alloc_most {:.1} MiB, alloc_rest {:.1} MiB; in use: leak {:.1} MiB (leaked {:.1}), freed sites {:.3} MiB",
+            of("fixture::alloc_most", ALLOC_SPACE) / 1048576.0, of("fixture::alloc_rest", ALLOC_SPACE) / 1048576.0,
+            leak_in_use / 1048576.0, leaked / 1048576.0, freed_in_use / 1048576.0
+        );
+        assert_split(of("fixture::alloc_most", ALLOC_SPACE), of("fixture::alloc_rest", ALLOC_SPACE), &run);
+        assert!((leak_in_use / leaked - 1.0).abs() <= 0.05, "{library}: the leak holds {:.1} MiB in use; it leaked {:.1}", leak_in_use / 1048576.0, leaked / 1048576.0);
+        assert!(freed_in_use <= 0.01 * leaked, "{library}: {:.3} MiB of freed blocks still counted in use", freed_in_use / 1048576.0);
+    }
+}
+
 /// The BPF links process `pid` holds open: its programs' attachments, a probe each.
 fn links_of(pid: u32) -> usize {
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("the agent's fds");

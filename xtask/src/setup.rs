@@ -1,6 +1,9 @@
 //! `cargo xtask setup`: installs what the build, tests and benchmarks need, and only what is
 //! missing, so it is quick the second time.
-use std::{path::Path, process::Command};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use anyhow::{bail, Context as _, Result};
 
@@ -19,6 +22,15 @@ fn apt_packages() -> Vec<(&'static str, &'static str)> {
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .filter_map(|l| l.split_once(' '))
         .collect()
+}
+
+/// (shared library, Debian package): the allocators the heap tests preload, in the
+/// multiarch library directory (`library_dir`).
+const APT_LIBRARIES: [(&str, &str); 2] = [("libjemalloc.so.2", "libjemalloc2"), ("libtcmalloc_minimal.so.4", "libtcmalloc-minimal4")];
+
+/// Debian's multiarch library directory of this machine's architecture.
+fn library_dir() -> PathBuf {
+    PathBuf::from(format!("/usr/lib/{}-linux-gnu", std::env::consts::ARCH))
 }
 
 /// (PyPI package, version): the deploy tests validate the Kubernetes manifests with
@@ -94,10 +106,12 @@ pub fn setup() -> Result<()> {
     }
 
     let packages = apt_packages();
-    let missing: Vec<&str> =
-        packages.iter().filter(|(program, _)| output("which", &[program]).is_none()).map(|(_, package)| *package).collect();
+    let programs_missing = packages.iter().filter(|(program, _)| output("which", &[program]).is_none());
+    let libraries_missing = APT_LIBRARIES.iter().filter(|(library, _)| !library_dir().join(library).is_file());
+    let missing: Vec<&str> = programs_missing.chain(libraries_missing).map(|(_, package)| *package).collect();
     if missing.is_empty() {
-        println!("setup: ok    {}", packages.iter().map(|(p, _)| *p).collect::<Vec<_>>().join(", "));
+        let present = packages.iter().chain(&APT_LIBRARIES).map(|(p, _)| *p);
+        println!("setup: ok    {}", present.collect::<Vec<_>>().join(", "));
     } else {
         println!("setup: installing {} (apt)", missing.join(" "));
         run(Command::new("apt-get").args(["update", "-qq"]))?;

@@ -49,22 +49,24 @@ pub fn find(binaries: &[Arc<Binary>]) -> Option<Allocator> {
     let ordered = binaries.iter().filter(|b| !is_libc(b)).chain(binaries.iter().filter(|b| is_libc(b)));
     for binary in ordered {
         let Ok(file) = binary.file.try_clone() else { continue };
-        let Ok(functions) = read_with(binary.served, move || functions_in(&file)) else { continue };
-        if functions.iter().any(|(probe, _)| *probe == AllocProbe::Allocates(allocator_call::MALLOC)) {
+        // libstdc++ defines `operator new` over libc's malloc: an allocator defines malloc.
+        if let Ok(Some(functions)) = read_with(binary.served, move || functions_in(&file)) {
             return Some(Allocator { binary: binary.clone(), functions });
         }
     }
     None
 }
 
-/// The probed functions that `file` defines, by file offset, each offset once. Only bounded
-/// reads of the file: its symbol tables and headers, offsets checked by `object`.
-pub fn functions_in(file: &File) -> Vec<(AllocProbe, u64)> {
+/// The probed functions that `file` defines, by file offset, each offset once, if it defines
+/// `malloc`. Only bounded reads of the file: its symbol tables and headers, offsets checked by
+/// `object`.
+fn functions_in(file: &File) -> Option<Vec<(AllocProbe, u64)>> {
     let cache = object::read::ReadCache::new(file);
-    let Ok(elf) = object::File::parse(&cache) else { return Vec::new() };
+    let elf = object::File::parse(&cache).ok()?;
     let segments = executable_segments(&elf);
     let file_offset = |address: u64| segments.iter().find_map(|s| s.file_offset_of(address));
     let mut found: Vec<(AllocProbe, u64)> = Vec::new();
+    let mut malloc = false;
     for symbol in elf.dynamic_symbols().chain(elf.symbols()) {
         if symbol.kind() != SymbolKind::Text || symbol.is_undefined() || symbol.address() == 0 {
             continue;
@@ -72,15 +74,18 @@ pub fn functions_in(file: &File) -> Vec<(AllocProbe, u64)> {
         let Ok(name) = symbol.name() else { continue };
         let Some(&(_, probe)) = FUNCTIONS.iter().find(|(n, _)| *n == name) else { continue };
         let Some(offset) = file_offset(symbol.address()) else { continue };
+        malloc |= name == "malloc";
         if !found.iter().any(|&(_, o)| o == offset) {
             found.push((probe, offset));
         }
     }
-    found
+    malloc.then_some(found)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     /// The libc this agent runs with: the one every test process maps.
@@ -91,7 +96,7 @@ mod tests {
 
     #[test]
     fn glibc_defines_each_allocation_function_once_by_offset() {
-        let functions = functions_in(&File::open(own_libc()).unwrap());
+        let functions = functions_in(&File::open(own_libc()).unwrap()).expect("libc defines malloc");
         let count = |probe| functions.iter().filter(|(p, _)| *p == probe).count();
         assert_eq!(count(AllocProbe::Allocates(allocator_call::MALLOC)), 2, "malloc and valloc: {functions:?}");
         assert_eq!(count(AllocProbe::Allocates(allocator_call::CALLOC)), 1);
@@ -113,6 +118,17 @@ mod tests {
         // The agent's own executable defines no malloc: libc stays the allocator.
         let agent = Arc::new(Binary::open(std::env::current_exe().unwrap().to_str().unwrap()));
         let found = find(&[agent, libc.clone()]).expect("libc allocates");
+        assert!(Arc::ptr_eq(&found.binary, &libc));
+    }
+
+    #[test]
+    fn libstdcxx_which_defines_operator_new_over_malloc_is_not_an_allocator() {
+        let dir = Path::new("/usr/lib").join(format!("{}-linux-gnu", std::env::consts::ARCH));
+        let libstdcxx = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).find(|p| p.to_string_lossy().contains("libstdc++.so.6.")).expect("libstdc++ installed");
+        assert_eq!(functions_in(&File::open(&libstdcxx).unwrap()), None, "{}", libstdcxx.display());
+        let libstdcxx = Arc::new(Binary::open(libstdcxx.to_str().unwrap()));
+        let libc = Arc::new(Binary::open(&own_libc()));
+        let found = find(&[libstdcxx, libc.clone()]).expect("libc allocates");
         assert!(Arc::ptr_eq(&found.binary, &libc));
     }
 }
