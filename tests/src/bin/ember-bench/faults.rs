@@ -2,7 +2,8 @@
 //! fixture's `fault-loop`: map 64 MiB, touch every page, unmap, again; both CPUs, one
 //! process each) and its profiler, side by side: Ember's `--events faults` at its default
 //! period (one fault in 1,000), and at every fault under a 1% CPU budget, `perf record -e
-//! page-faults -c 1000 -g -a`, and bpftrace counting user stacks every 1,000 faults.
+//! page-faults -c 1000 -g -a`, bpftrace counting user stacks every 1,000 faults, and `perf
+//! stat` counting the event alone.
 //! Throughput is pages touched a second, against runs without a profiler before and after;
 //! cost is the profiler's CPU plus its BPF run time, as a share of one core, over the workload.
 use std::{
@@ -46,6 +47,9 @@ pub fn run(seconds: u64) -> Result<()> {
     governed.args(["run", "--events", "faults", "--fault-period", "1", "--cpu-budget", "1%", "--interval", "2s", "--output-dir"]).arg(dir.join("governed"));
     let mut perf = Command::new("perf");
     perf.args(["record", "-e", "page-faults", "-c", "1000", "-g", "-a", "-o"]).arg(dir.join("perf.data")).stdout(Stdio::null());
+    // The event counting alone, no sampling and no program: what opening it costs the faults.
+    let mut counting = Command::new("perf");
+    counting.args(["stat", "-e", "page-faults", "-a", "-o"]).arg(dir.join("perf-stat.txt"));
     let mut bpftrace = Command::new("bpftrace");
     bpftrace.args(["-e", "software:page-faults:1000 { @[ustack, comm] = count(); }"]).stdout(Stdio::null());
     let profilers = [
@@ -53,6 +57,7 @@ pub fn run(seconds: u64) -> Result<()> {
         ("ember-agent --events faults --fault-period 1 --cpu-budget 1%", governed, LEAD),
         ("perf record -e page-faults -c 1000 -g -a", perf, 0),
         ("bpftrace software:page-faults:1000", bpftrace, 0),
+        ("perf stat -e page-faults -a (counting only)", counting, 0),
     ];
     // The workload's own rate drifts by some 5% over a run: each profiler is compared with
     // the runs without one just before and after it.
