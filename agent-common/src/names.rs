@@ -50,6 +50,8 @@ pub const OFF_CPU_MAX_NS: &str = "OFF_CPU_MAX_NS";
 pub const MEASURE_RUN_TIME: &str = "MEASURE_RUN_TIME";
 /// `Rates` (one entry), rewritten while the programs run.
 pub const RATES: &str = "RATES";
+/// Megabytes of processes where walks met unknown code, and when userspace was told.
+pub const UNMAPPED_TOLD: &str = "UNMAPPED_TOLD";
 /// Global: `[FieldLayout; 6]`, one per network kind from `kind::FIRST_NET`.
 pub const NET_LAYOUTS: &str = "NET_LAYOUTS";
 pub const PROG_SAMPLE: &str = "sample_cpu";

@@ -3,20 +3,31 @@
 //! it still runs. The resolve stage polls this.
 use agent_common::ProcessEvent;
 use anyhow::{Context as _, Result};
-use aya::maps::{MapData, RingBuf};
+use aya::maps::{HashMap, MapData, RingBuf};
 use tokio::io::unix::AsyncFd;
 
 pub struct Announcements {
     ring: AsyncFd<RingBuf<MapData>>,
+    /// The walker's record of the megabytes of unknown code it told of (`UNMAPPED_TOLD`).
+    told: HashMap<MapData, u64, u64>,
 }
 
 impl Announcements {
-    pub(super) fn new(ring: RingBuf<MapData>) -> Result<Announcements> {
+    pub(super) fn new(ring: RingBuf<MapData>, told: HashMap<MapData, u64, u64>) -> Result<Announcements> {
         // SAFETY: the ring buffer owns its map fd, which stays open and unchanged for as
         // long as the AsyncFd owns the ring buffer.
         let ring = unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
             .map_err(|e| anyhow::anyhow!("registering the process ring buffer: {e}"))?;
-        Ok(Announcements { ring })
+        Ok(Announcements { ring, told })
+    }
+
+    /// Lets the walker tell again of unknown code in the megabyte of `pc` in process `tgid`
+    /// this interval: what it told of was not code when the mappings were read (a wrong return
+    /// address), and a library may yet be mapped there (the first dlopen maps where the
+    /// loader's cache was).
+    pub fn tell_again(&mut self, tgid: u32, pc: u64) {
+        // Absent already (the LRU map dropped it): nothing to do.
+        let _ = self.told.remove(&((u64::from(tgid) << 32) | (pc >> 20)));
     }
 
     /// Waits until the kernel has announced something.

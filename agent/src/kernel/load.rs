@@ -236,6 +236,7 @@ impl Sampler {
         let counters = PerCpuArray::try_from(take(&mut ebpf, names::COUNTERS)?)?;
         let active = Array::try_from(take(&mut ebpf, names::ACTIVE_SET)?)?;
         let process_events = RingBuf::try_from(take(&mut ebpf, names::PROCESS_EVENTS)?)?;
+        let told = BpfHashMap::try_from(take(&mut ebpf, names::UNMAPPED_TOLD)?)?;
         let nr_cpus = nr_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))?;
         // The filter map must outlive loading only; the program keeps its own reference.
         drop(filter);
@@ -281,7 +282,7 @@ impl Sampler {
             alloc_links: HashMap::new(),
             alloc_trap_ns: None,
         };
-        Ok((sampler, Announcements::new(process_events)?, unwind_maps))
+        Ok((sampler, Announcements::new(process_events, told)?, unwind_maps))
     }
 }
 

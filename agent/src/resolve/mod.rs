@@ -61,9 +61,16 @@ pub struct Resolver {
     /// The cgroup whose processes' allocators are probed, while they are (the `alloc` group
     /// given a cgroup).
     alloc_cgroup: Option<CgroupMembers>,
+    /// Per process, the walker's tells of unknown code this interval that turned out not to
+    /// be code, and that it may tell again (`not_code`).
+    retold: HashMap<u32, u32>,
     /// The host's counters at the last drain that could read them.
     host: Option<HostStat>,
 }
+
+/// Tells of unknown code that was not code, per process and interval, after which the
+/// walker's once-per-megabyte-and-interval rule holds again.
+const RETELLS: u32 = 4;
 
 impl Resolver {
     /// Loads and attaches the programs. Must be called inside a tokio runtime. `opened` is
@@ -87,6 +94,7 @@ impl Resolver {
             capacity: (settings.max_keys, settings.max_stacks),
             alloc_until: None,
             alloc_cgroup: None,
+            retold: HashMap::new(),
             host: HostStat::read(),
         };
         // Processes that already run are loaded now, so that their first samples already have
@@ -199,9 +207,25 @@ impl Resolver {
             }
             if read && !told {
                 self.processes.capture(event.tgid, Some(Life { tag: event.tag, start_ns: event.start_ns, start_stack: event.start_stack }), event.at_exec == 1);
+                if event.pc != 0 && !self.processes.holds(event.tgid, event.tag, event.pc) {
+                    self.not_code(event.tgid, event.pc);
+                }
             }
         }
         self.load_unwind_tables();
+    }
+
+    /// A walk told of unknown code at `pc`, and the mappings read since hold none there: a
+    /// wrong return address, or code not mapped yet. The walker may tell of that megabyte
+    /// again this interval, a few times a process: a library dlopen'd there later is then
+    /// read at once, and wrong addresses cost a few reads at most.
+    fn not_code(&mut self, tgid: u32, pc: u64) {
+        let told = self.retold.entry(tgid).or_insert(0);
+        tracing::debug!(tgid, pc = format_args!("{pc:#x}"), retold = *told, "a walk told of unknown code where the mappings hold none");
+        if *told < RETELLS {
+            *told += 1;
+            self.announcements.tell_again(tgid, pc);
+        }
     }
 
     /// Loads the unwind tables and mappings of processes captured since the last call, and
@@ -250,6 +274,7 @@ impl Resolver {
         }
         untrusted::new_interval();
         self.pythons.new_interval();
+        self.retold.clear();
         self.capture_announced();
         let raw = self.sampler.drain()?;
         let user_stacks = raw.stacks.keys().filter(|(user, _, _)| *user).count();
