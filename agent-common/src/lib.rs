@@ -19,7 +19,7 @@ pub use layouts::{AreaLayout, FieldLayout, SwitchLayout, TaskLayout};
 pub use network::{attribution, SocketOwner};
 pub use memory::{allocator_call, memory_call, LiveAllocation, LiveKey, RequestLayout, ALLOC_GAPS};
 pub use offcpu::{block_state, OffCpuStart};
-pub use process::{ExeImage, ProcessEvent};
+pub use process::{unmapped_region, ExeImage, ProcessEvent};
 pub use python::{
     entry_kind, position_kind, python_frame, python_stop, PythonLayout, PythonProcess, MAX_PYTHON_FRAMES, MAX_PYTHON_THREADS,
 };

@@ -53,3 +53,10 @@ impl ExeImage {
         crate::ExeKey { inode: self.inode, dev: self.dev, _pad: 0 }
     }
 }
+
+/// The walker's key for the megabyte of `pc` in process `tgid`, where it told userspace of
+/// unknown code (`names::UNMAPPED_TOLD`).
+#[inline(always)]
+pub fn unmapped_region(tgid: u32, pc: u64) -> u64 {
+    ((tgid as u64) << 32) | (pc >> 20)
+}

@@ -1,6 +1,6 @@
 //! Telling userspace about processes: when one is first seen (so that its mappings are read
 //! while it runs), and when a walk meets code outside the mappings it was given.
-use agent_common::{counter, ExeImage, ProcessEvent, COMM_LEN};
+use agent_common::{counter, unmapped_region, ExeImage, ProcessEvent, COMM_LEN};
 use aya_ebpf::{
     bindings::{BPF_EXIST, BPF_NOEXIST, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::bpf_get_current_pid_tgid,
@@ -84,7 +84,7 @@ static UNMAPPED_TOLD: LruHashMap<u64, u64> = LruHashMap::with_max_entries(4096, 
 /// (an exec'd runtime's JIT at a fixed address).
 #[inline(always)]
 pub fn announce_unmapped(tgid: u32, tag: u16, pc: u64, set: &BufferSet) {
-    let region = ((tgid as u64) << 32) | (pc >> 20);
+    let region = unmapped_region(tgid, pc);
     let told = set.generation as u64 | (tag as u64) << 32;
     if unsafe { UNMAPPED_TOLD.get(&region) } == Some(&told) {
         return;

@@ -113,7 +113,7 @@ fn preloaded_jemalloc_and_tcmalloc_are_probed_and_give_the_split_and_the_leak() 
         let (profile, pid, run, stderr) = record_heap(&TempDir::new("alloc-preloaded"), command, "alloc", &[&LEAK_MIB.to_string()], SAMPLE_MEAN);
         assert!(stderr.lines().any(|l| l.contains("allocator probed") && l.contains(library)), "{library} was not the allocator probed:\n{stderr}");
         let samples = profile.samples_of(pid);
-        let of = |function: &str, index| Decoded::sum(&samples.iter().copied().filter(|s| s.has_function(function)).collect::<Vec<&Sample>>(), index) as f64;
+        let of = |function: &str, index| in_function(&samples, function, index);
         let (leak_in_use, leaked) = (of("fixture::leak", INUSE_SPACE), run.lines[0][2] as f64);
         let freed_in_use = of("fixture::alloc_most", INUSE_SPACE) + of("fixture::alloc_rest", INUSE_SPACE);
         println!(
@@ -125,6 +125,11 @@ fn preloaded_jemalloc_and_tcmalloc_are_probed_and_give_the_split_and_the_leak() 
         assert!((leak_in_use / leaked - 1.0).abs() <= 0.05, "{library}: the leak holds {:.1} MiB in use; it leaked {:.1}", leak_in_use / 1048576.0, leaked / 1048576.0);
         assert!(freed_in_use <= 0.01 * leaked, "{library}: {:.3} MiB of freed blocks still counted in use", freed_in_use / 1048576.0);
     }
+}
+
+/// Sample value `index` summed over the `samples` with `function` on their stacks.
+fn in_function(samples: &[&Sample], function: &str, index: usize) -> f64 {
+    Decoded::sum(&samples.iter().copied().filter(|s| s.has_function(function)).collect::<Vec<&Sample>>(), index) as f64
 }
 
 /// The BPF links process `pid` holds open: its programs' attachments, a probe each.
@@ -172,7 +177,7 @@ fn a_process_that_joins_the_chosen_cgroup_later_is_probed_and_its_probes_go_when
     assert!(unprobed, "the probes of the process that ended stayed in:\n{stderr}");
     let profile = Decoded::read(&out);
     let samples = profile.samples_of(pid);
-    let of = |function: &str, index| Decoded::sum(&samples.iter().copied().filter(|s| s.has_function(function)).collect::<Vec<&Sample>>(), index) as f64;
+    let of = |function: &str, index| in_function(&samples, function, index);
     let space = |function: &str| of(function, ALLOC_SPACE);
     println!(
         "alloc_space: alloc_most {:.1} MiB, alloc_rest {:.1} MiB, leak {:.1} MiB; the fixture: {:?}",

@@ -1,7 +1,7 @@
 //! New-process announcements: the exec program writes a process's tgid to a ring buffer when
 //! the kernel first sees it (or after it execs), so that userspace captures its mappings while
 //! it still runs. The resolve stage polls this.
-use agent_common::ProcessEvent;
+use agent_common::{unmapped_region, ProcessEvent};
 use anyhow::{Context as _, Result};
 use aya::maps::{HashMap, MapData, RingBuf};
 use tokio::io::unix::AsyncFd;
@@ -27,7 +27,7 @@ impl Announcements {
     /// loader's cache was).
     pub fn tell_again(&mut self, tgid: u32, pc: u64) {
         // Absent already (the LRU map dropped it): nothing to do.
-        let _ = self.told.remove(&((u64::from(tgid) << 32) | (pc >> 20)));
+        let _ = self.told.remove(&unmapped_region(tgid, pc));
     }
 
     /// Waits until the kernel has announced something.

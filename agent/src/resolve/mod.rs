@@ -40,8 +40,8 @@ use crate::{
     ops::metrics,
     unwind::Unwinder,
 };
-use interval::{resolve, DropReasons};
 use alloc_cgroup::{CgroupMembers, FOLLOW_EVERY};
+use interval::{resolve, DropReasons};
 use life::Life;
 use procs::{Captured, ProcessTable};
 use python::Pythons;
