@@ -32,6 +32,9 @@ pub mod allocator_call {
     pub const MEMALIGN: u64 = 4;
     /// `posix_memalign(&out, alignment, size)`: the address is written to `out`.
     pub const POSIX_MEMALIGN: u64 = 5;
+    /// Set beside the call (and alone on a free probe) where the kernel steps the probed
+    /// instruction out of line, a second trap: counted as `counter::PROBE_STEPS`.
+    pub const STEPPED: u64 = 1 << 32;
 }
 
 /// Exponential gaps (bytes) between sampled allocations, drawn from this table at random:

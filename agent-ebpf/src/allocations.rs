@@ -36,7 +36,8 @@ static UNTIL_SAMPLE: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct InCall {
-    /// The stack pointer at entry: the return is the one that finds it 8 bytes higher.
+    /// The stack pointer at the probe, the entry's (`probe_site` keeps the probe before
+    /// anything moves it): the return is the one that finds it 8 bytes higher.
     sp: u64,
     started_ns: u64,
     call: u64,
@@ -54,6 +55,8 @@ const NESTED_NS: u64 = 1_000_000_000;
 
 #[uprobe]
 pub fn allocation_called(ctx: ProbeContext) -> u32 {
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    count_step(cookie);
     let pid_tgid = bpf_get_current_pid_tgid();
     let sp = unsafe { (*ctx.regs).rsp };
     let now = unsafe { bpf_ktime_get_ns() };
@@ -62,7 +65,7 @@ pub fn allocation_called(ctx: ProbeContext) -> u32 {
             return 0;
         }
     }
-    let call = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let call = cookie & !allocator_call::STEPPED;
     let arg = |n| ctx.arg::<u64>(n).unwrap_or(0);
     let (size, pointer) = match call {
         // Each factor capped at 4 GiB: the product cannot overflow (a 128-bit product is not
@@ -122,6 +125,7 @@ pub fn allocation_returned(ctx: RetProbeContext) -> u32 {
 
 #[uprobe]
 pub fn free_called(ctx: ProbeContext) -> u32 {
+    count_step(unsafe { bpf_get_attach_cookie(ctx.as_ptr()) });
     let address = ctx.arg::<u64>(0).unwrap_or(0);
     // `free(NULL)` is not counted: the agent measures what a trap costs with such calls.
     if address != 0 {
@@ -130,6 +134,14 @@ pub fn free_called(ctx: ProbeContext) -> u32 {
         let _ = LIVE_ALLOCATIONS.remove(&LiveKey { tgid, _pad: 0, address });
     }
     0
+}
+
+/// Counts a hit the kernel stepped, by the probe's cookie.
+#[inline(always)]
+fn count_step(cookie: u64) {
+    if cookie & allocator_call::STEPPED != 0 {
+        bump(&active_set(), counter::PROBE_STEPS);
+    }
 }
 
 /// Whether an allocation of `size` bytes is sampled: the CPU's count of bytes to the next

@@ -8,7 +8,8 @@ use crate::{
     maps_line::MapsLine,
     kernel::{tracefs::Format, Btf},
     resolve::{
-        build_id_of, from_cgroup_path, memory_file, own_pid, parse_stat, pods::Pods, python_parsers as python, relabel::Relabeler, PerfMap,
+        allocator_sites, build_id_of, from_cgroup_path, memory_file,
+        probe_site::{self, RDI}, own_pid, parse_stat, pods::Pods, python_parsers as python, relabel::Relabeler, PerfMap,
     },
     settings::FileConfig,
     symbolize::{examine_bytes, SymbolIndex},
@@ -81,10 +82,15 @@ pub fn unwind_table(data: &[u8]) {
 
 /// An ELF file as a process maps it or a debuginfod server sends it: its build id, its
 /// symbols looked up at addresses from the input, what naming from it would parse, its
-/// debug link, and whether it holds a CPython interpreter.
+/// debug link, whether it holds a CPython interpreter, where its allocator would be probed,
+/// and its first bytes taken as a function's code: a free's probe site is within them.
 pub fn elf_file(data: &[u8]) {
     let file = memory_file(c"fuzz", data).expect("a memory file");
     let _ = build_id_of(&file);
+    let _ = allocator_sites(&file);
+    let code = &data[..data.len().min(probe_site::CODE_BYTES)];
+    let site = probe_site::place(code, RDI);
+    assert!(site.offset == 0 || (site.offset as usize) < code.len(), "a site past the code: {site:?}");
     if let Some(index) = SymbolIndex::build(Path::new(&format!("/proc/self/fd/{}", file.as_raw_fd()))) {
         let probes = data.chunks_exact(8).take(16).map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")));
         for address in probes.chain([0, u64::MAX]) {

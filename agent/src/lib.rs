@@ -30,7 +30,7 @@ mod unwind_table;
 #[cfg(fuzzing)]
 pub mod fuzz;
 
-use std::process::ExitCode;
+use std::{io::IsTerminal as _, process::ExitCode};
 
 use clap::{Parser, Subcommand};
 use tokio::signal::unix::{signal, SignalKind};
@@ -60,7 +60,8 @@ enum Command {
 fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour only for a terminal: the journal and log files get plain `key=value`.
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal());
     if format == "json" {
         builder.json().init();
     } else {

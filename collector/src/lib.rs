@@ -30,7 +30,7 @@ mod ui;
 #[cfg(fuzzing)]
 pub mod fuzz;
 
-use std::{io::Write as _, net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
+use std::{io::{IsTerminal as _, Write as _}, net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -215,6 +215,7 @@ pub fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let result = match Cli::parse().command {
         Command::Serve {

@@ -113,9 +113,11 @@ impl Governor {
             skipped_ns: slot(source, run::SKIPPED_NS),
             skipped: slot(source, run::SKIPPED_RUNS),
         });
-        // Each allocation call traps twice (entry and return), each free once.
+        // Each allocation call traps twice (entry and return), each free once; some hits
+        // also step an instruction.
         let traps = 2 * interval.counter(counter::ALLOC_CALLS) + interval.counter(counter::FREE_CALLS);
-        let probes_ns = sampler.alloc_trap_ns().map_or(0.0, |trap_ns| trap_ns * traps as f64);
+        let steps = interval.counter(counter::PROBE_STEPS);
+        let probes_ns = sampler.alloc_trap_costs().map_or(0.0, |c| c.trap_ns * traps as f64 + c.step_ns * steps as f64);
         let (overhead, rates) = self.observe(runs, sampler.program_cost(), probes_ns, interval.host);
         interval.overhead = Some(overhead);
         if self.pauses.paused.alloc_probes && sampler.probes_allocators() {

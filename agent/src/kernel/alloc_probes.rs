@@ -1,11 +1,11 @@
 //! The `alloc` group's probes: attached to one process's allocator at a time (a uprobe with a
 //! pid traps in that process only; without one it would trap in every process that maps the
 //! file), taken out of a process that is gone, and out of all together when their time is up
-//! or the CPU budget says so. What a trap costs is measured here, on the agent's own code, for
+//! or the CPU budget says so. What a hit costs is measured here, on the agent's own code, for
 //! the budget to count the probes.
 use std::{hint::black_box, num::NonZeroU32, path::Path, time::Instant};
 
-use agent_common::names;
+use agent_common::{allocator_call, names};
 use anyhow::{Context as _, Result};
 use aya::programs::{
     uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeLinkId, UProbeScope},
@@ -15,7 +15,7 @@ use aya::programs::{
 use super::{aya_errors::chain, load::Sampler};
 use crate::maps_line::MapsLine;
 
-/// What a probe does, where (file offset) in the allocator's file.
+/// What a probe does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AllocProbe {
     /// An allocation function: `allocator_call` says where its size is.
@@ -23,18 +23,38 @@ pub enum AllocProbe {
     Frees,
 }
 
+/// A probe, where (file offset) in the allocator's file, and whether the kernel steps the
+/// instruction there out of line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocSite {
+    /// The function's symbol.
+    pub function: &'static str,
+    pub probe: AllocProbe,
+    pub offset: u64,
+    pub stepped: bool,
+}
+
+/// What an allocator probe's hit costs on this host (ns), measured once: the trap, and the
+/// step the kernel adds where it does not emulate the probed instruction.
+#[derive(Clone, Copy, Debug)]
+pub struct TrapCosts {
+    pub trap_ns: f64,
+    pub step_ns: f64,
+}
+
 impl Sampler {
     /// Probes the allocator functions of process `pid` in `file` (a path that reaches the file
     /// it maps). Returns how many probes went in.
-    pub fn probe_allocator(&mut self, pid: u32, file: &Path, functions: &[(AllocProbe, u64)]) -> Result<usize> {
+    pub fn probe_allocator(&mut self, pid: u32, file: &Path, sites: &[AllocSite]) -> Result<usize> {
         let pid = NonZeroU32::new(pid).context("pid 0 has no allocator")?;
         let ebpf = self.ebpf.as_mut().context("the programs are stopped")?;
         let mut links = Vec::new();
-        for &(probe, offset) in functions {
+        for &AllocSite { probe, offset, stepped, .. } in sites {
             let point = |cookie| UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie };
+            let step = if stepped { allocator_call::STEPPED } else { 0 };
             let attached: Vec<(&'static str, Option<u64>)> = match probe {
-                AllocProbe::Allocates(call) => vec![(names::PROG_ALLOCATION_CALLED, Some(call)), (names::PROG_ALLOCATION_RETURNED, Some(call))],
-                AllocProbe::Frees => vec![(names::PROG_FREE_CALLED, None)],
+                AllocProbe::Allocates(call) => vec![(names::PROG_ALLOCATION_CALLED, Some(call | step)), (names::PROG_ALLOCATION_RETURNED, Some(call))],
+                AllocProbe::Frees => vec![(names::PROG_FREE_CALLED, Some(step))],
             };
             for (program, cookie) in attached {
                 let prog: &mut UProbe = ebpf.program_mut(program).context("program missing")?.try_into()?;
@@ -49,23 +69,28 @@ impl Sampler {
         Ok(count)
     }
 
-    /// Measures what a probe's trap costs on this host (ns), once: calls of a function of the
-    /// agent's own with the free probe on it (which returns at once for a null address), less
-    /// the same calls without.
-    pub fn measure_trap_ns(&mut self) -> Result<f64> {
-        let offset = own_file_offset(trap_target as *const () as usize).context("finding the agent's own code in /proc/self/maps")?;
+    /// Measures what a hit costs on this host, once: calls of a function of the agent's own
+    /// with the free probe on it (which returns at once for a null address) on an instruction
+    /// the kernel emulates and on one it steps, less the same calls without.
+    pub fn measure_trap_costs(&mut self) -> Result<TrapCosts> {
+        let offset = own_file_offset(ember_trap_target as *const () as usize).context("finding the agent's own code in /proc/self/maps")?;
         let ebpf = self.ebpf.as_mut().context("the programs are stopped")?;
         let prog: &mut UProbe = ebpf.program_mut(names::PROG_FREE_CALLED).context("program missing")?.try_into()?;
+        let mut probed_ns = |offset| -> Result<f64> {
+            let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(0) };
+            let link = prog
+                .attach(point, "/proc/self/exe", UProbeScope::CallingProcess)
+                .map_err(|e| anyhow::anyhow!("probing the agent's own code: {e}{}", chain(&e)))?;
+            let ns = ns_per_call();
+            prog.detach(link).context("detaching the trap measurement")?;
+            Ok(ns)
+        };
         let bare = ns_per_call();
-        let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: None };
-        let link = prog
-            .attach(point, "/proc/self/exe", UProbeScope::CallingProcess)
-            .map_err(|e| anyhow::anyhow!("probing the agent's own code: {e}{}", chain(&e)))?;
-        let probed = ns_per_call();
-        prog.detach(link).context("detaching the trap measurement")?;
-        let trap_ns = (probed - bare).max(0.0);
-        self.alloc_trap_ns = Some(trap_ns);
-        Ok(trap_ns)
+        let emulated = probed_ns(offset + TRAP_TARGET_PUSH)?;
+        let stepped = probed_ns(offset + TRAP_TARGET_MOV)?;
+        let costs = TrapCosts { trap_ns: (emulated - bare).max(0.0), step_ns: (stepped - emulated).max(0.0) };
+        self.alloc_trap_costs = Some(costs);
+        Ok(costs)
     }
 
     /// Whether allocator probes are in.
@@ -73,9 +98,9 @@ impl Sampler {
         !self.alloc_links.is_empty()
     }
 
-    /// What a trap of the allocator probes costs (ns), once measured.
-    pub fn alloc_trap_ns(&self) -> Option<f64> {
-        self.alloc_trap_ns
+    /// What a hit of the allocator probes costs, once measured.
+    pub fn alloc_trap_costs(&self) -> Option<TrapCosts> {
+        self.alloc_trap_costs
     }
 
     /// Takes every allocator probe out, and forgets the live allocations they tracked (their
@@ -110,17 +135,32 @@ impl Sampler {
 /// few enough to take milliseconds.
 const TRAP_CALLS: u32 = 2000;
 
-/// What the trap measurement probes: nothing the compiler may fold away.
-#[inline(never)]
-extern "C" fn trap_target(address: u64) -> u64 {
-    black_box(address)
+// What the trap measurement probes, written out so that its instructions are known: a push,
+// which the kernel emulates (since 6.10; before, it steps it too), and a mov, which it steps.
+std::arch::global_asm!(
+    ".pushsection .text.ember_trap_target,\"ax\",@progbits",
+    ".globl ember_trap_target",
+    ".type ember_trap_target,@function",
+    "ember_trap_target:",
+    "push rbp",
+    "mov rax, rdi",
+    "pop rbp",
+    "ret",
+    ".size ember_trap_target, .-ember_trap_target",
+    ".popsection",
+);
+const TRAP_TARGET_PUSH: u64 = 0;
+const TRAP_TARGET_MOV: u64 = 1;
+
+extern "C" {
+    fn ember_trap_target(address: u64) -> u64;
 }
 
-/// Average ns of a call of `trap_target`.
+/// Average ns of a call of `ember_trap_target`.
 fn ns_per_call() -> f64 {
     let start = Instant::now();
     for _ in 0..TRAP_CALLS {
-        black_box(trap_target(black_box(0)));
+        black_box(unsafe { ember_trap_target(black_box(0)) });
     }
     start.elapsed().as_nanos() as f64 / f64::from(TRAP_CALLS)
 }

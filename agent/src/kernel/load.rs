@@ -89,7 +89,7 @@ pub struct Sampler {
     /// The allocator probes in: by process, the program and its link.
     pub(super) alloc_links: HashMap<u32, Vec<(&'static str, UProbeLinkId)>>,
     /// What one of their traps costs here (ns), once measured.
-    pub(super) alloc_trap_ns: Option<f64>,
+    pub(super) alloc_trap_costs: Option<super::alloc_probes::TrapCosts>,
 }
 
 impl Sampler {
@@ -280,7 +280,7 @@ impl Sampler {
             live,
             live_set: settings.alloc.as_ref().map(|alloc| LiveSet::new(alloc.mean_bytes, alloc.leak_age)),
             alloc_links: HashMap::new(),
-            alloc_trap_ns: None,
+            alloc_trap_costs: None,
         };
         Ok((sampler, Announcements::new(process_events, told)?, unwind_maps))
     }

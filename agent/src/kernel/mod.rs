@@ -22,7 +22,7 @@ pub mod preflight;
 pub mod tracefs;
 
 pub use accounting::ProgramCost;
-pub use alloc_probes::AllocProbe;
+pub use alloc_probes::{AllocProbe, AllocSite};
 pub use announce::Announcements;
 pub use drain::{Counters, RawInterval, Stack};
 pub use events::{AllocSettings, Event, KernelSettings, NetEvent, OffCpuSettings};

@@ -32,6 +32,7 @@ pub fn report(losses: Losses) {
             | counter::FAULT_SAMPLES
             | counter::ALLOC_CALLS
             | counter::FREE_CALLS
+            | counter::PROBE_STEPS
             | counter::ALLOC_SAMPLES => ("ember_events_total", Some("event")),
             counter::ALLOC_UNTRACKED => ("ember_lost_total", Some("reason")),
             counter::RUN_NS.. => continue, // a cost, not an event: the governor reports it

@@ -1,20 +1,27 @@
 //! Finding a process's allocator for the `alloc` group: the file among its mappings whose
 //! symbols define `malloc` (a preloaded jemalloc or tcmalloc, an allocator linked into the
-//! executable, else libc), and the file offsets of its allocation and free functions.
-use std::{fs::File, sync::Arc};
+//! executable, else libc), and where in its file its allocation and free functions are probed.
+use std::{fs::File, os::unix::fs::FileExt as _, sync::Arc};
 
 use agent_common::allocator_call;
 use object::{Object as _, ObjectSymbol as _, SymbolKind};
 
-use super::{untrusted::read_with, Binary};
-use crate::{kernel::AllocProbe, unwind::executable_segments};
+use super::{
+    probe_site::{self, CODE_BYTES, RDI, RDX, RSI, RSP},
+    untrusted::read_with,
+    Binary,
+};
+use crate::{
+    kernel::{AllocProbe, AllocSite},
+    unwind::executable_segments,
+};
 
 /// A process's allocator: the file to probe and where its functions are in it.
 #[derive(Debug)]
 pub struct Allocator {
     pub binary: Arc<Binary>,
-    /// (probe, file offset), one per distinct offset (glibc's `aligned_alloc` is `memalign`).
-    pub functions: Vec<(AllocProbe, u64)>,
+    /// One per distinct function (glibc's `aligned_alloc` is `memalign`).
+    pub functions: Vec<AllocSite>,
 }
 
 /// The functions probed, by symbol. C++'s `new` and `delete` count where the allocator defines
@@ -57,29 +64,45 @@ pub fn find(binaries: &[Arc<Binary>]) -> Option<Allocator> {
     None
 }
 
-/// The probed functions that `file` defines, by file offset, each offset once, if it defines
-/// `malloc`. Only bounded reads of the file: its symbol tables and headers, offsets checked by
-/// `object`.
-fn functions_in(file: &File) -> Option<Vec<(AllocProbe, u64)>> {
+/// The probed functions that `file` defines, each function once, if it defines `malloc`. Only
+/// bounded reads of the file: its symbol tables and headers, offsets checked by `object`, and
+/// each function's first bytes.
+pub(super) fn functions_in(file: &File) -> Option<Vec<AllocSite>> {
     let cache = object::read::ReadCache::new(file);
     let elf = object::File::parse(&cache).ok()?;
     let segments = executable_segments(&elf);
     let file_offset = |address: u64| segments.iter().find_map(|s| s.file_offset_of(address));
-    let mut found: Vec<(AllocProbe, u64)> = Vec::new();
+    let mut found: Vec<AllocSite> = Vec::new();
+    let mut starts: Vec<u64> = Vec::new();
     let mut malloc = false;
     for symbol in elf.dynamic_symbols().chain(elf.symbols()) {
         if symbol.kind() != SymbolKind::Text || symbol.is_undefined() || symbol.address() == 0 {
             continue;
         }
         let Ok(name) = symbol.name() else { continue };
-        let Some(&(_, probe)) = FUNCTIONS.iter().find(|(n, _)| *n == name) else { continue };
+        let Some(&(function, probe)) = FUNCTIONS.iter().find(|(n, _)| *n == name) else { continue };
         let Some(offset) = file_offset(symbol.address()) else { continue };
         malloc |= name == "malloc";
-        if !found.iter().any(|&(_, o)| o == offset) {
-            found.push((probe, offset));
+        if !starts.contains(&offset) {
+            starts.push(offset);
+            found.push(site(file, function, probe, offset));
         }
     }
     malloc.then_some(found)
+}
+
+/// Where `probe` goes in the function at `offset` (`probe_site`): a free's reads its argument;
+/// an allocation's reads its arguments and, with its return probe at the same place, the stack
+/// pointer.
+fn site(file: &File, function: &'static str, probe: AllocProbe, offset: u64) -> AllocSite {
+    let mut code = [0u8; CODE_BYTES];
+    let read = file.read_at(&mut code, offset).unwrap_or(0);
+    let kept = match probe {
+        AllocProbe::Frees => RDI,
+        AllocProbe::Allocates(_) => RDI | RSI | RDX | RSP,
+    };
+    let site = probe_site::place(&code[..read], kept);
+    AllocSite { function, probe, offset: offset + site.offset, stepped: site.stepped }
 }
 
 #[cfg(test)]
@@ -97,7 +120,7 @@ mod tests {
     #[test]
     fn glibc_defines_each_allocation_function_once_by_offset() {
         let functions = functions_in(&File::open(own_libc()).unwrap()).expect("libc defines malloc");
-        let count = |probe| functions.iter().filter(|(p, _)| *p == probe).count();
+        let count = |probe| functions.iter().filter(|f| f.probe == probe).count();
         assert_eq!(count(AllocProbe::Allocates(allocator_call::MALLOC)), 2, "malloc and valloc: {functions:?}");
         assert_eq!(count(AllocProbe::Allocates(allocator_call::CALLOC)), 1);
         assert_eq!(count(AllocProbe::Allocates(allocator_call::REALLOC)), 1);
@@ -105,9 +128,20 @@ mod tests {
         // glibc's aligned_alloc is memalign under another name: one probe.
         assert_eq!(count(AllocProbe::Allocates(allocator_call::MEMALIGN)), 1);
         assert!(count(AllocProbe::Frees) >= 1);
-        let mut offsets: Vec<u64> = functions.iter().map(|(_, o)| *o).collect();
+        let mut offsets: Vec<u64> = functions.iter().map(|f| f.offset).collect();
         offsets.dedup();
         assert_eq!(offsets.len(), functions.len());
+    }
+
+    #[test]
+    fn glibcs_malloc_and_free_are_probed_where_the_kernel_need_not_step() {
+        let functions = functions_in(&File::open(own_libc()).unwrap()).expect("libc defines malloc");
+        // glibc 2.36's malloc opens with a push; its free with `test %rdi,%rdi`, which is
+        // stepped, and a `je`, which is not.
+        let probed = |probe| functions.iter().filter(|f| f.probe == probe).collect::<Vec<_>>();
+        for probe in [AllocProbe::Frees, AllocProbe::Allocates(allocator_call::MALLOC)] {
+            assert!(probed(probe).iter().all(|f| !f.stepped), "{functions:?}");
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod interval;
 mod life;
 mod open;
 mod perf_map;
+pub(crate) mod probe_site;
 pub mod pods;
 mod proc_dir;
 mod procs;
@@ -33,7 +34,7 @@ pub use targets::Targets;
 #[cfg(fuzzing)]
 pub use targets::from_cgroup_path;
 #[cfg(fuzzing)]
-pub(crate) use {life::parse_stat, perf_map::{own_pid, PerfMap}, python::fuzzing as python_parsers, vdso::memory_file};
+pub(crate) use {allocator::functions_in as allocator_sites, life::parse_stat, perf_map::{own_pid, PerfMap}, python::fuzzing as python_parsers, vdso::memory_file};
 
 use crate::{
     kernel::{tracefs::Format, Announcements, HostStat, KernelSettings, Sampler},
@@ -112,8 +113,11 @@ impl Resolver {
         }
         resolver.load_unwind_tables();
         if let Some(alloc) = &settings.alloc {
-            let trap_ns = resolver.sampler.measure_trap_ns()?;
-            tracing::info!(trap_ns = trap_ns.round(), "a probe's trap costs this much here: each allocator call pays two, each free one");
+            let costs = resolver.sampler.measure_trap_costs()?;
+            tracing::info!(
+                trap_ns = costs.trap_ns.round(), step_ns = costs.step_ns.round(),
+                "an allocator probe's trap costs this much here (each allocator call pays two, each free one), and a step of the probed instruction this much more"
+            );
             for &pid in &settings.pids {
                 resolver.probe_allocator(pid)?;
             }
@@ -130,7 +134,9 @@ impl Resolver {
         anyhow::ensure!(!files.is_empty(), "process {pid} could not be read: is it running?");
         let found = allocator::find(&files).with_context(|| format!("process {pid} maps no allocator Ember can probe (no file of it defines malloc)"))?;
         let probes = self.sampler.probe_allocator(pid, &found.binary.open_path(), &found.functions)?;
-        tracing::info!(pid, allocator = found.binary.path, probes, "allocator probed");
+        // Functions whose probe the kernel steps (no emulated instruction found to put it on).
+        let stepped: Vec<&str> = found.functions.iter().filter(|f| f.stepped).map(|f| f.function).collect();
+        tracing::info!(pid, allocator = found.binary.path, probes, stepped = stepped.join(","), "allocator probed");
         Ok(())
     }
 

@@ -3,7 +3,9 @@
 //! allocator, under heaptrack (preloaded), and under bpftrace doing what bcc's `memleak -p`
 //! does on each call (size at entry, address and stack at return, delete at free; memleak
 //! itself compiles its program against kernel headers at start, which this kernel does not
-//! ship). Then Ember tracks 100,000 live sampled allocations: its memory beside them.
+//! ship). Ember runs again on the same loop with jemalloc and with tcmalloc preloaded, each
+//! beside its own run with no profiler. Then Ember tracks 100,000 live sampled allocations: its
+//! memory beside them.
 use std::{
     io::Write as _,
     path::Path,
@@ -60,6 +62,10 @@ fn libc_of(pid: u32) -> Result<String> {
     }
 }
 
+/// Debian's allocators that the bench preloads beside glibc's (`cargo xtask setup` installs
+/// them): their functions open with other instructions, so their probes land elsewhere.
+const PRELOADED: [&str; 2] = ["libjemalloc.so.2", "libtcmalloc_minimal.so.4"];
+
 pub fn run(seconds: u64) -> Result<()> {
     println!("bench alloc: fixture alloc-loop (malloc+free of 64 bytes), {seconds}s per run");
     let dir = empty_dir("alloc")?;
@@ -67,8 +73,9 @@ pub fn run(seconds: u64) -> Result<()> {
     let none = pairs_per_second(finish(spawn("alloc-loop", seconds, &[], &[])?)?);
     println!("  no profiler: {:.1} ns a pair", 1e9 / none);
 
-    // (profiler, pairs a second, CPU + BPF share of a core, BPF ns a probe run)
-    let mut rows: Vec<(String, f64, Option<f64>, Option<f64>)> = Vec::new();
+    // (profiler, pairs a second, pairs a second with no profiler on the same allocator,
+    // CPU + BPF share of a core, BPF ns a probe run)
+    let mut rows: Vec<(String, f64, f64, Option<f64>, Option<f64>)> = Vec::new();
     for name in ["ember-agent --events alloc", "bpftrace, memleak's probes", "heaptrack"] {
         let (rate, cost, bpf_ns) = match name {
             "heaptrack" => {
@@ -80,32 +87,41 @@ pub fn run(seconds: u64) -> Result<()> {
                 let child = spawn("alloc-loop", seconds, &[], &[])?;
                 let pid = child.id();
                 let command = if name.starts_with("ember") { ember(pid, seconds, &dir) } else { memleak(pid)? };
-                let profiler = Profiler::start(if name.starts_with("ember") { "ember-agent" } else { "bpftrace" }, command)?;
-                std::thread::sleep(ATTACH);
-                let before = profiler.snapshot()?;
-                let rate = pairs_per_second(finish(child)?);
-                let after = profiler.snapshot()?;
-                profiler.stop_for_output()?;
-                (rate, Some(after.overhead_since(&before, seconds as f64)), after.bpf_ns_per_run_since(&before))
+                let (rate, cost, bpf_ns) = under(name, command, child, seconds)?;
+                (rate, Some(cost), bpf_ns)
             }
         };
         println!("  {name}: done");
-        rows.push((name.to_string(), rate, cost, bpf_ns));
+        rows.push((name.to_string(), rate, none, cost, bpf_ns));
+    }
+    for library in PRELOADED {
+        let path = Path::new("/usr/lib").join(format!("{}-linux-gnu", std::env::consts::ARCH)).join(library);
+        anyhow::ensure!(path.is_file(), "{} is missing: run `cargo xtask setup`", path.display());
+        let preload = format!("LD_PRELOAD={}", path.display());
+        let wrapper = ["env", preload.as_str()];
+        let bare = pairs_per_second(finish(spawn("alloc-loop", seconds, &[], &wrapper)?)?);
+        let child = spawn("alloc-loop", seconds, &[], &wrapper)?;
+        let command = ember(child.id(), seconds, &dir);
+        let (rate, cost, bpf_ns) = under("ember-agent", command, child, seconds)?;
+        let name = format!("ember-agent --events alloc, {library} preloaded");
+        println!("  {name}: done ({:.1} ns a pair with no profiler)", 1e9 / bare);
+        rows.push((name, rate, bare, Some(cost), bpf_ns));
     }
     let held = footprint(&dir)?;
     let _ = std::fs::remove_dir_all(&dir);
 
     println!();
     println!("Command: cargo xtask bench alloc --seconds {seconds}");
-    println!("| profiler | ns per malloc+free | added per pair, ns | vs bpftrace's added | throughput vs none | BPF ns a probe run | profiler CPU + BPF, % of a core |");
+    println!("| profiler | ns per malloc+free, none / profiled | added per pair, ns | vs bpftrace's added | throughput vs none | BPF ns a probe run | profiler CPU + BPF, % of a core |");
     println!("|---|---|---|---|---|---|---|");
-    println!("| no profiler | {:.1} | - | - | 1.000 | - | - |", 1e9 / none);
-    let added = |rate: f64| 1e9 / rate - 1e9 / none;
-    let bpftrace_added = rows.iter().find(|(n, ..)| n.starts_with("bpftrace")).map(|(_, rate, ..)| added(*rate)).context("bpftrace's row")?;
-    for (name, rate, cost, bpf_ns) in &rows {
+    let added = |rate: f64, bare: f64| 1e9 / rate - 1e9 / bare;
+    let bpftrace_added = rows.iter().find(|(n, ..)| n.starts_with("bpftrace")).map(|&(_, rate, bare, ..)| added(rate, bare)).context("bpftrace's row")?;
+    for (name, rate, bare, cost, bpf_ns) in &rows {
         let cost = cost.map_or("in the process".to_string(), |c| format!("{:.2}", c * 100.0));
         let bpf_ns = bpf_ns.map_or("n/a".to_string(), |ns| format!("{ns:.0}"));
-        println!("| {name} | {:.1} | {:.1} | {:.2}x | {:.4} | {bpf_ns} | {cost} |", 1e9 / rate, added(*rate), added(*rate) / bpftrace_added, rate / none);
+        // bpftrace probes glibc's functions: a ratio only beside them.
+        let ratio = if *bare == none { format!("{:.2}x", added(*rate, *bare) / bpftrace_added) } else { "-".to_string() };
+        println!("| {name} | {:.1} / {:.1} | {:.1} | {ratio} | {:.4} | {bpf_ns} | {cost} |", 1e9 / bare, 1e9 / rate, added(*rate, *bare), rate / bare);
     }
     println!();
     println!("Ember with {HELD} live sampled allocations of {HELD_SIZE} bytes (--alloc-sample 2KiB --alloc-max-live 131072):");
@@ -113,6 +129,18 @@ pub fn run(seconds: u64) -> Result<()> {
     println!("|---|---|---|---|---|");
     println!("| {:.0} | {:.1} | {:.1} | {:.1} | {:.2} |", held.0, held.1, held.2, held.3, held.4 * 100.0);
     Ok(())
+}
+
+/// Runs the waiting fixture `child` to its end under the profiler `command`: (pairs a second,
+/// profiler CPU + BPF share of a core, BPF ns a probe run).
+fn under(program: &str, command: Command, child: Child, seconds: u64) -> Result<(f64, f64, Option<f64>)> {
+    let profiler = Profiler::start(if program.starts_with("ember") { "ember-agent" } else { "bpftrace" }, command)?;
+    std::thread::sleep(ATTACH);
+    let before = profiler.snapshot()?;
+    let rate = finish(child)? as f64 / seconds as f64;
+    let after = profiler.snapshot()?;
+    profiler.stop_for_output()?;
+    Ok((rate, after.overhead_since(&before, seconds as f64), after.bpf_ns_per_run_since(&before)))
 }
 
 /// Ember recording the process's allocations for the run.
