@@ -67,7 +67,7 @@ pub fn find(binaries: &[Arc<Binary>]) -> Option<Allocator> {
 /// The probed functions that `file` defines, each function once, if it defines `malloc`. Only
 /// bounded reads of the file: its symbol tables and headers, offsets checked by `object`, and
 /// each function's first bytes.
-pub(super) fn functions_in(file: &File) -> Option<Vec<AllocSite>> {
+pub(crate) fn functions_in(file: &File) -> Option<Vec<AllocSite>> {
     let cache = object::read::ReadCache::new(file);
     let elf = object::File::parse(&cache).ok()?;
     let segments = executable_segments(&elf);
