@@ -155,8 +155,8 @@ pub struct SamplingArgs {
     /// Event groups to record: cpu (on-CPU sampling), offcpu (blocked time, by where threads
     /// blocked; with cpu also a wall-clock profile), net (network tracepoints), faults (page
     /// faults: where memory is first touched), alloc (the allocator calls of the --pid
-    /// processes, or of the --cgroup's, those that join it later too: what they allocate
-    /// and hold) [default: cpu].
+    /// processes, or of those in the --cgroup or the --alloc-pods pods, those that join later
+    /// too: what they allocate and hold) [default: cpu].
     #[arg(long, value_delimiter = ',', value_parser = ["cpu", "offcpu", "net", "faults", "alloc"])]
     pub events: Vec<String>,
     /// Faults: record one page fault in N on each CPU (each sample stands for N)
@@ -179,6 +179,10 @@ pub struct SamplingArgs {
     /// are in) [default: 60s; record: its duration].
     #[arg(long)]
     pub alloc_for: Option<String>,
+    /// Alloc, in `run` with Kubernetes metadata: probe the processes of this node's pods whose
+    /// labels this selector selects (app=checkout,tier!=batch), and of pods that match later.
+    #[arg(long)]
+    pub alloc_pods: Option<String>,
     /// Network tracepoints for the net group [default: net:net_dev_queue,
     /// net:netif_receive_skb, tcp:tcp_retransmit_skb, skb:kfree_skb].
     #[arg(long, value_delimiter = ',')]

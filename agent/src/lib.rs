@@ -18,6 +18,7 @@ mod kernel;
 mod maps_line;
 mod ops;
 mod pipeline;
+mod pod_selector;
 mod record;
 mod resolve;
 mod run;

@@ -384,6 +384,18 @@ pub fn gzip(bytes: &[u8]) -> Vec<u8> {
     gz.finish().unwrap()
 }
 
+/// Whether `done` holds within `limit`, looked at every 50 ms.
+pub fn within(limit: Duration, done: impl Fn() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while !done() {
+        if Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
 /// Polls an agent's /metrics until `series` satisfies `ok` (bounded); returns its value.
 pub fn wait_for_metric(status: std::net::SocketAddr, series: &str, limit: Duration, ok: impl Fn(f64) -> bool) -> f64 {
     let deadline = Instant::now() + limit;

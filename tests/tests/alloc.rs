@@ -6,7 +6,7 @@
 //! root.
 use std::{collections::HashMap, path::Path, process::Command, time::Duration};
 
-use ember_tests::{contain, require_root, Agent, Decoded, Fixture, FixtureRun, Sample, TempDir, TestCgroups};
+use ember_tests::{contain, require_root, within, Agent, Decoded, Fixture, FixtureRun, Sample, TempDir, TestCgroups};
 
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
 const LEAK_MIB: u64 = 64;
@@ -146,18 +146,6 @@ fn in_function(samples: &[&Sample], function: &str, index: usize) -> f64 {
 fn links_of(pid: u32) -> usize {
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("the agent's fds");
     fds.flatten().filter(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target.to_string_lossy().contains("bpf_link"))).count()
-}
-
-/// Whether `done` holds within `limit`, looked at every 50 ms.
-fn within(limit: Duration, done: impl Fn() -> bool) -> bool {
-    let end = std::time::Instant::now() + limit;
-    while !done() {
-        if std::time::Instant::now() > end {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    true
 }
 
 /// The alloc group given a cgroup, not pids: a process that joins the cgroup after the agent

@@ -3,15 +3,16 @@
 //! pods; their samples carry pod name, namespace, container name and pod labels. A pod added
 //! after start-up is picked up, a keep rule on the namespace restricts profiling to prod, and
 //! when the API server goes away the agent keeps profiling with the labels it has. At the
-//! collector, a query selects one pod on one node ("pod=checkout-7f9,node=n3").
-use std::time::Duration;
+//! collector, a query selects one pod on one node ("pod=checkout-7f9,node=n3"). The `alloc`
+//! group given a pod selector probes the processes of the pods it selects, and no others.
+use std::{process::Command, time::Duration};
 
 use ember_tests::{
     folded_total, http_get,
     kube_api::{pod, FakeApiServer},
     require_root,
     transport::{free_address, stop_agent, CollectorProcess, TestStore},
-    wait_for_metric, Agent, Decoded, Fixture, TempDir, TestCgroups,
+    wait_for_metric, within, Agent, Decoded, Fixture, TempDir, TestCgroups,
 };
 
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
@@ -131,4 +132,70 @@ fn pod_metadata_labels_samples_new_pods_are_picked_up_and_an_api_outage_keeps_pr
     let (code, text) = folded("pod=checkout-7f9,node=another-node");
     assert_eq!(code, 404, "another node has no such samples: {text}");
     collector.stop();
+}
+
+/// Runs the allocating fixture in cgroup `relative`, once the agent has probed it if it is
+/// `selected`, or once it would have if not; returns its pid.
+fn allocate_in(cgroups: &TestCgroups, relative: &str, agent: &Agent, selected: bool) -> u32 {
+    let mut fixture = Fixture::spawn_with(Command::new(FIXTURE), "alloc", 2.0, &["16"]);
+    let pid = fixture.pid();
+    cgroups.enter(relative, pid);
+    // Selected pods are searched for once a second, and members read ten times a second.
+    let limit = Duration::from_secs(if selected { 10 } else { 3 });
+    let probed = within(limit, || agent.stderr().contains(&format!("allocator probed pid={pid} ")));
+    assert_eq!(probed, selected, "process {pid} in {relative}: probed {probed}\n{}", agent.stderr());
+    fixture.start();
+    fixture.finish();
+    pid
+}
+
+#[test]
+fn the_alloc_group_probes_the_processes_of_the_pods_a_selector_selects_and_no_others() {
+    require_root();
+    let dir = TempDir::new("kubernetes-alloc");
+    let mut cgroups = TestCgroups::new();
+    let tag = std::process::id();
+    let node = format!("node-{tag}");
+    let uid = |n: u32| format!("a110{n:04x}-0e9f-4a8b-9c7d-{tag:012x}");
+    let id = |n: u64| format!("{:064x}", u64::from(tag) * 1_000_033 + n);
+    let (checkout, batch, later) = ((uid(1), id(1)), (uid(2), id(2)), (uid(3), id(3)));
+    let mut api = FakeApiServer::start(vec![
+        pod(&checkout.0, "checkout-7f9", "prod", &node, &[("app", "checkout")], &[("web", &checkout.1)]),
+        pod(&batch.0, "batch-1", "prod", &node, &[("app", "batch")], &[("job", &batch.1)]),
+    ]);
+    let config = dir.path("agent.toml");
+    std::fs::write(&config, format!("kubernetes = \"{}\"\n", api.url())).unwrap();
+    let (local, status) = (dir.path("local"), free_address());
+    let mut command = Command::new(ember_tests::agent_bin());
+    command.env("NODE_NAME", &node).args(["run", "--config", config.to_str().unwrap(), "--events", "alloc", "--alloc-pods", "app=checkout"]);
+    command.args(["--alloc-sample", "64KiB", "--interval", "1s", "--output-dir", local.to_str().unwrap(), "--http", &status.to_string()]);
+    let mut agent = Agent::spawn_command(command);
+    agent.wait_ready();
+    wait_for_metric(status, "ember_kubernetes_pods", Duration::from_secs(20), |n| n == 2.0);
+
+    // Containers start after the agent, as they do.
+    let (checkout_cg, batch_cg) = (container_cgroup(&checkout.0, &checkout.1), container_cgroup(&batch.0, &batch.1));
+    cgroups.create(&checkout_cg);
+    cgroups.create(&batch_cg);
+    let checkout_pid = allocate_in(&cgroups, &checkout_cg, &agent, true);
+    let batch_pid = allocate_in(&cgroups, &batch_cg, &agent, false);
+    // A pod scheduled later that the selector selects.
+    api.add(pod(&later.0, "checkout-a41", "prod", &node, &[("app", "checkout")], &[("web", &later.1)]));
+    wait_for_metric(status, "ember_kubernetes_pods", Duration::from_secs(20), |n| n == 3.0);
+    let later_cg = container_cgroup(&later.0, &later.1);
+    cgroups.create(&later_cg);
+    let later_pid = allocate_in(&cgroups, &later_cg, &agent, true);
+    std::thread::sleep(Duration::from_millis(1500));
+    stop_agent(agent);
+    drop(cgroups);
+    api.stop();
+
+    let profiles = Decoded::read_kind(&local, "heap");
+    let allocated = |pid: u32| profiles.iter().flat_map(|p| p.samples_of(pid)).filter(|s| s.has_function("fixture::alloc_most")).collect::<Vec<_>>();
+    for (pid, name) in [(checkout_pid, "checkout-7f9"), (later_pid, "checkout-a41")] {
+        let samples = allocated(pid);
+        assert!(samples.len() > 5, "{} heap samples of {name}'s alloc_most (pid {pid})", samples.len());
+        assert!(samples.iter().all(|s| s.labels.get("pod").map(String::as_str) == Some(name)), "{:?}", samples[0].labels);
+    }
+    assert!(allocated(batch_pid).is_empty(), "the batch pod, which the selector does not select, was profiled");
 }

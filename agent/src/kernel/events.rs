@@ -6,6 +6,8 @@ use std::{path::PathBuf, time::Duration};
 use agent_common::{kind, names};
 use aya::programs::perf_event::{HardwareEvent, PerfEventConfig, SoftwareEvent};
 
+use crate::pod_selector::PodSelector;
+
 /// The perf event that drives sampling. Software `cpu-clock` works everywhere, including VMs
 /// without a PMU; hardware events need one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,6 +148,8 @@ pub struct AllocSettings {
     /// Without pids: the cgroup (its directory) whose processes are probed, those that join
     /// it later too.
     pub cgroup: Option<PathBuf>,
+    /// Without pids or cgroup: the pods of this node whose processes are probed.
+    pub pods: Option<PodSelector>,
 }
 
 #[derive(Clone, Debug)]

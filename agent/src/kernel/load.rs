@@ -378,7 +378,7 @@ mod tests {
             off_cpu: Some(OffCpuSettings::for_tests()),
             net: (0..names::NET_PROGRAMS.len()).map(NetEvent).collect(),
             fault_period: Some(1000),
-            alloc: Some(AllocSettings { mean_bytes: 1 << 19, max_live: 64, leak_age: Duration::from_secs(60), probe_for: None, cgroup: None }),
+            alloc: Some(AllocSettings { mean_bytes: 1 << 19, max_live: 64, leak_age: Duration::from_secs(60), probe_for: None, cgroup: None, pods: None }),
             pids: vec![std::process::id()],
             ..KernelSettings::for_tests()
         };

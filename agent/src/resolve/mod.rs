@@ -1,7 +1,7 @@
 //! Stage 2, resolve: owns the loaded kernel side, captures new processes when the kernel
 //! announces them (their mappings, while they still run), and turns each drain into a
 //! resolved interval of processes, cgroup labels and binary offsets. The commands call it.
-mod alloc_cgroup;
+mod alloc_members;
 mod allocator;
 mod binary;
 mod cgroups;
@@ -41,7 +41,7 @@ use crate::{
     ops::metrics,
     unwind::Unwinder,
 };
-use alloc_cgroup::{CgroupMembers, FOLLOW_EVERY};
+use alloc_members::{Members, FOLLOW_EVERY};
 use interval::{resolve, DropReasons};
 use life::Life;
 use procs::{Captured, ProcessTable};
@@ -61,7 +61,7 @@ pub struct Resolver {
     alloc_until: Option<Instant>,
     /// The cgroup whose processes' allocators are probed, while they are (the `alloc` group
     /// given a cgroup).
-    alloc_cgroup: Option<CgroupMembers>,
+    alloc_members: Option<Members>,
     /// Per process, the walker's tells of unknown code this interval that turned out not to
     /// be code, and that it may tell again (`not_code`).
     retold: HashMap<u32, u32>,
@@ -94,7 +94,7 @@ impl Resolver {
             drop_reasons,
             capacity: (settings.max_keys, settings.max_stacks),
             alloc_until: None,
-            alloc_cgroup: None,
+            alloc_members: None,
             retold: HashMap::new(),
             host: HostStat::read(),
         };
@@ -121,8 +121,17 @@ impl Resolver {
             for &pid in &settings.pids {
                 resolver.probe_allocator(pid)?;
             }
-            resolver.alloc_cgroup = alloc.cgroup.clone().map(CgroupMembers::new);
-            resolver.follow_alloc_cgroup()?;
+            resolver.alloc_members = match (&alloc.cgroup, &alloc.pods) {
+                (Some(dir), _) => Some(Members::of_cgroup(dir.clone())),
+                (None, Some(selector)) => {
+                    let pods = resolver.targets.pods().cloned().context("the alloc group's pod selector needs this node's pods: set `kubernetes` in the config")?;
+                    let root = cgroups::cgroup2_mount().context("no cgroup2 filesystem is mounted: pods' cgroups cannot be followed")?;
+                    tracing::info!(selector = %selector, "alloc group: following the allocators of this node's pods that the selector selects");
+                    Some(Members::of_pods(selector.clone(), pods, root))
+                }
+                (None, None) => None,
+            };
+            resolver.follow_alloc_members()?;
             resolver.alloc_until = alloc.probe_for.map(|duration| Instant::now() + duration);
         }
         Ok(resolver)
@@ -143,7 +152,7 @@ impl Resolver {
     /// Waits for the kernel to announce new processes and captures them; while the `alloc`
     /// group follows a cgroup, probes its new members too. Loop on it.
     pub async fn capture_new_processes(&mut self) -> Result<()> {
-        if self.alloc_cgroup.is_none() {
+        if self.alloc_members.is_none() {
             self.announcements.readable().await?;
             self.capture_announced();
             return Ok(());
@@ -156,17 +165,17 @@ impl Resolver {
             ready?;
             self.capture_announced();
         }
-        self.follow_alloc_cgroup()
+        self.follow_alloc_members()
     }
 
-    /// Probes the allocators of the processes that joined the followed cgroup, and takes the
-    /// probes out of those that left. Stops following once the CPU budget took the probes
-    /// out for good.
-    fn follow_alloc_cgroup(&mut self) -> Result<()> {
+    /// Probes the allocators of the processes that joined the followed cgroup or pods, and
+    /// takes the probes out of those that left. Stops following once the CPU budget took the
+    /// probes out for good.
+    fn follow_alloc_members(&mut self) -> Result<()> {
         if self.sampler.rates().paused.alloc_probes {
-            self.alloc_cgroup = None;
+            self.alloc_members = None;
         }
-        let Some(members) = self.alloc_cgroup.as_mut() else { return Ok(()) };
+        let Some(members) = self.alloc_members.as_mut() else { return Ok(()) };
         let (joined, left) = members.changes();
         for pid in left {
             self.sampler.unprobe_process(pid)?;
@@ -274,7 +283,7 @@ impl Resolver {
     pub fn drain(&mut self) -> Result<ResolvedInterval> {
         if self.alloc_until.is_some_and(|until| Instant::now() >= until) {
             self.alloc_until = None;
-            self.alloc_cgroup = None;
+            self.alloc_members = None;
             self.sampler.unprobe_allocators()?;
             tracing::info!("allocator probes taken out: their time is up (alloc_for)");
         }

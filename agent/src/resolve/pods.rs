@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{watcher, WatchStreamExt as _};
 
 use super::relabel::Labels;
-use crate::ops::metrics;
+use crate::{ops::metrics, pod_selector::PodSelector};
 
 /// How long a deleted pod's labels stay: samples drained after the pod is gone still name it.
 const DELETED_GRACE: Duration = Duration::from_secs(120);
@@ -171,6 +171,12 @@ impl Pods {
         }
     }
 
+    /// The uids of this node's pods (not deleted) whose labels `selector` selects.
+    pub fn selected(&self, selector: &PodSelector) -> Vec<String> {
+        let index = self.0.read().expect("pod index lock");
+        index.pods.iter().filter(|(_, pod)| pod.deleted.is_none() && selector.matches(&pod.labels)).map(|(uid, _)| uid.clone()).collect()
+    }
+
     fn update(&self, change: impl FnOnce(&mut Index)) {
         let mut index = self.0.write().expect("pod index lock");
         change(&mut index);
@@ -292,6 +298,17 @@ mod tests {
         let got = target(&pods, &[("pod_uid", "u1")]);
         assert!(got["pod"] == "checkout-7f9" && !got.contains_key("container"), "{got:?}");
         assert_eq!(target(&pods, &[("pod_uid", "other")]).len(), 1);
+    }
+
+    #[test]
+    fn a_selector_selects_live_pods_by_their_labels() {
+        let pods = Pods::default();
+        pods.update(|index| index.apply(&pod("u1", "checkout-7f9", &[("web", "c1")])));
+        let selector = |text| PodSelector::parse(text).unwrap();
+        assert_eq!(pods.selected(&selector("app.kubernetes.io/name=checkout")), vec!["u1".to_string()]);
+        assert!(pods.selected(&selector("app.kubernetes.io/name!=checkout")).is_empty());
+        pods.update(|index| index.delete("u1", Instant::now()));
+        assert!(pods.selected(&selector("app.kubernetes.io/name=checkout")).is_empty(), "a deleted pod is not selected");
     }
 
     #[test]

@@ -25,6 +25,11 @@ impl Targets {
         Targets { cgroups: CgroupNames::new(), pods, relabel }
     }
 
+    /// The pod index, when the agent watches this node's pods.
+    pub fn pods(&self) -> Option<&Pods> {
+        self.pods.as_ref()
+    }
+
     /// The labels of a cgroup, or None when a relabel rule drops it.
     pub fn labels(&mut self, cgroup_id: u64) -> Option<Arc<Labels>> {
         let path = self.cgroups.name(cgroup_id);

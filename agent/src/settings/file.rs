@@ -58,6 +58,8 @@ pub struct FileConfig {
     pub alloc_max_live: Option<u32>,
     pub leak_age: Option<String>,
     pub alloc_for: Option<String>,
+    /// "app=checkout,tier!=batch".
+    pub alloc_pods: Option<String>,
     pub net_events: Option<Vec<String>>,
     pub offcpu_min_block: Option<String>,
     pub offcpu_max_block: Option<String>,

@@ -20,6 +20,7 @@ use crate::{
     cli::{RecordArgs, RunArgs, SamplingArgs, SymbolArgs},
     duration::parse_duration,
     encode::ProfileKind,
+    pod_selector::PodSelector,
     kernel::{tracefs::Format, AllocSettings, Event, KernelSettings, NetEvent, OffCpuSettings},
     resolve::{
         cgroup_dir, cgroup_id,
@@ -103,6 +104,11 @@ impl RunSettings {
         let dir = args.output_dir.clone().or(file.output_dir.clone());
         let dir = if ship.is_none() { Some(dir.unwrap_or_else(|| PathBuf::from(DEFAULT_OUTPUT_DIR))) } else { dir };
         let flamegraphs = args.flamegraphs || file.flamegraphs.unwrap_or(false);
+        let pods = pod_settings(args, &file, &hostname)?;
+        ensure!(
+            pods.is_some() || kernel.alloc.as_ref().is_none_or(|alloc| alloc.pods.is_none()),
+            "--alloc-pods needs this node's pods: set `kubernetes` (in-cluster, or an API server URL) in the config"
+        );
         Ok(RunSettings {
             kinds: profile_kinds(&kernel),
             kernel,
@@ -111,7 +117,7 @@ impl RunSettings {
             files: dir.map(|dir| (dir, flamegraphs)),
             ship,
             http: args.http.or(file.http),
-            pods: pod_settings(args, &file, &hostname)?,
+            pods,
             relabel: Relabeler::new(file.relabel.as_deref().unwrap_or_default())?,
             symbols: symbol_settings(&args.symbols, &file)?,
         })
@@ -124,6 +130,7 @@ impl RecordSettings {
         // A recording's probes stay in for its duration, unless told otherwise.
         if let Some(alloc) = kernel.alloc.as_mut() {
             alloc.probe_for = args.sampling.alloc_for.as_deref().map(parse_duration).transpose()?;
+            ensure!(alloc.pods.is_none(), "--alloc-pods needs this node's pods, which only `run` watches (with `kubernetes` in its config)");
         }
         let files = FileOutputs { pprof: Some(args.output.clone()), folded: args.folded.clone(), flamegraph: args.flamegraph.clone() };
         let symbols = symbol_settings(&args.symbols, &FileConfig::default())?;
@@ -228,11 +235,14 @@ fn kernel_settings(args: &SamplingArgs, file: &FileConfig, default_frequency: u6
 }
 
 fn alloc_settings(args: &SamplingArgs, file: &FileConfig, pids: &[u32], cgroup: Option<&str>) -> Result<AllocSettings> {
+    let pods = args.alloc_pods.clone().or(file.alloc_pods.clone()).map(|text| PodSelector::parse(&text)).transpose().context("alloc_pods")?;
     // Every call of a probed allocator traps (microseconds): never on every process of a host.
+    let ways = usize::from(!pids.is_empty() || cgroup.is_some()) + usize::from(pods.is_some());
     ensure!(
-        !pids.is_empty() || cgroup.is_some(),
-        "the alloc group probes the allocators of chosen processes only: give them with --pid, or their cgroup with --cgroup"
+        ways > 0,
+        "the alloc group probes the allocators of chosen processes only: give them with --pid, their cgroup with --cgroup, or their pods with --alloc-pods"
     );
+    ensure!(ways == 1, "choose the alloc group's processes one way: --pid or --cgroup, or --alloc-pods");
     let text = |flag: &Option<String>, file: &Option<String>, default: &str| flag.clone().or(file.clone()).unwrap_or_else(|| default.to_string());
     let mean_bytes = parse_bytes(&text(&args.alloc_sample, &file.alloc_sample, DEFAULT_ALLOC_SAMPLE)).context("alloc_sample")?;
     ensure!((1..=1 << 40).contains(&mean_bytes), "alloc_sample must be between 1 byte and 1TiB");
@@ -244,6 +254,7 @@ fn alloc_settings(args: &SamplingArgs, file: &FileConfig, pids: &[u32], cgroup: 
         leak_age: parse_duration(&text(&args.leak_age, &file.leak_age, DEFAULT_LEAK_AGE)).context("leak_age")?,
         probe_for: Some(parse_duration(&text(&args.alloc_for, &file.alloc_for, DEFAULT_ALLOC_FOR)).context("alloc_for")?),
         cgroup: cgroup.filter(|_| pids.is_empty()).map(cgroup_dir).transpose()?,
+        pods,
     })
 }
 
@@ -505,6 +516,20 @@ mod tests {
         assert_eq!((alloc.leak_age, alloc.probe_for), (Duration::from_secs(600), Some(Duration::from_secs(60))));
         args.alloc_sample = Some("0".into());
         assert!(kernel_settings(&args, &FileConfig::default(), 19).is_err(), "a zero mean");
+    }
+
+    #[test]
+    fn the_alloc_group_takes_a_pod_selector_alone() {
+        let mut args = SamplingArgs { events: vec!["alloc".into()], alloc_pods: Some("app=checkout".into()), ..SamplingArgs::default() };
+        let alloc = kernel_settings(&args, &FileConfig::default(), 19).unwrap().alloc.expect("the alloc group");
+        assert_eq!(alloc.pods.map(|s| s.to_string()).as_deref(), Some("app=checkout"));
+        args.pids = vec![1];
+        let error = kernel_settings(&args, &FileConfig::default(), 19).err().expect("a pid and a selector").to_string();
+        assert!(error.contains("one way"), "{error}");
+        args.pids.clear();
+        args.alloc_pods = Some("app in (a)".into());
+        let error = format!("{:#}", kernel_settings(&args, &FileConfig::default(), 19).err().expect("a set-based selector"));
+        assert!(error.contains("alloc_pods") && error.contains("not key=value") && !error.contains('\n'), "{error}");
     }
 
     #[test]
