@@ -59,8 +59,8 @@ pub struct Resolver {
     capacity: (u32, u32),
     /// When the allocator probes come out.
     alloc_until: Option<Instant>,
-    /// The cgroup whose processes' allocators are probed, while they are (the `alloc` group
-    /// given a cgroup).
+    /// The cgroup or pods whose processes' allocators are probed, while they are (the
+    /// `alloc` group given a cgroup or a pod selector).
     alloc_members: Option<Members>,
     /// Per process, the walker's tells of unknown code this interval that turned out not to
     /// be code, and that it may tell again (`not_code`).
