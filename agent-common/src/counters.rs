@@ -65,13 +65,16 @@ pub mod counter {
     /// second trap, most of a hit's cost on a VM): entries of allocators whose first
     /// instruction it does not emulate, and frees with no emulated instruction to probe.
     pub const PROBE_STEPS: u32 = OFF_CPU_WAKES_UNSEEN + 1;
+    /// Hits of the probes on an allocator's own sampled path (each a trap): its sampled
+    /// allocations, and its other calls of the functions probed there.
+    pub const SAMPLED_PATH_HITS: u32 = PROBE_STEPS + 1;
     /// What the programs cost, measured by themselves while `MEASURE_RUN_TIME` is set (under
     /// a CPU budget), by source (`run::ON_CPU`, `run::OFF_CPU`, `run::NET`, `run::FAULTS`), at index
     /// `RUN_NS + run::SLOTS * source + slot`, the nanoseconds and number of runs that recorded
     /// something (the part a sampling rate scales) and of runs that recorded nothing (sampled
     /// out, filtered, idle: the part no rate lowers). A program's own clock misses what the
     /// kernel spends to enter and leave it; the run counts let the agent add that.
-    pub const RUN_NS: u32 = PROBE_STEPS + 1;
+    pub const RUN_NS: u32 = SAMPLED_PATH_HITS + 1;
     /// Number of counters.
     pub const COUNT: u32 = RUN_NS + super::run::SLOTS * super::run::SOURCES;
 
@@ -113,6 +116,7 @@ pub mod counter {
         (UNWIND_TAILS_KEPT, "unwind_tails_kept"),
         (OFF_CPU_WAKES_UNSEEN, "off_cpu_wakes_unseen"),
         (PROBE_STEPS, "probe_steps"),
+        (SAMPLED_PATH_HITS, "sampled_path_hits"),
         (RUN_NS + 0, "bpf_run_ns_on_cpu"),
         (RUN_NS + 1, "bpf_runs_on_cpu"),
         (RUN_NS + 2, "bpf_run_ns_skipped_on_cpu"),

@@ -17,7 +17,7 @@ mod unwind;
 pub use counters::{counter, run};
 pub use layouts::{AreaLayout, FieldLayout, SwitchLayout, TaskLayout};
 pub use network::{attribution, SocketOwner};
-pub use memory::{allocator_call, memory_call, LiveAllocation, LiveKey, RequestLayout, ALLOC_GAPS};
+pub use memory::{allocator_call, memory_call, tcmalloc_span, LiveAllocation, LiveKey, RequestLayout, ALLOC_GAPS};
 pub use offcpu::{block_state, OffCpuStart};
 pub use process::{unmapped_region, ExeImage, ProcessEvent};
 pub use python::{

@@ -32,9 +32,27 @@ pub mod allocator_call {
     pub const MEMALIGN: u64 = 4;
     /// `posix_memalign(&out, alignment, size)`: the address is written to `out`.
     pub const POSIX_MEMALIGN: u64 = 5;
-    /// Set beside the call (and alone on a free probe) where the kernel steps the probed
-    /// instruction out of line, a second trap: counted as `counter::PROBE_STEPS`.
-    pub const STEPPED: u64 = 1 << 32;
+    /// Set beside the call (alone on a free probe, beside the list head on a sampled-path
+    /// probe) where the kernel steps the probed instruction out of line, a second trap:
+    /// counted as `counter::PROBE_STEPS`. Above any user address.
+    pub const STEPPED: u64 = 1 << 63;
+}
+
+/// gperftools tcmalloc's `Span` (2.x, span.h), as the `alloc` group reads a sampled one on
+/// tcmalloc's own sampled path.
+pub mod tcmalloc_span {
+    /// `PageID start`: the span's first page; a sampled allocation's address is its start.
+    pub const START: u64 = 0;
+    /// `void* objects`: a sampled span's `StackTrace`, whose first field is the size asked for.
+    pub const OBJECTS: u64 = 0x20;
+    /// The byte of the span's bitfields that holds `sample` (bit 2).
+    pub const FLAGS: u64 = 0x2b;
+    pub const SAMPLED: u8 = 1 << 2;
+    /// tcmalloc's page: 8 KiB (`kPageShift` of the default build).
+    pub const PAGE_SHIFT: u64 = 13;
+    /// What the cookie of the sampled-allocation probe holds beside `allocator_call::STEPPED`:
+    /// the address of the process's list of sampled objects.
+    pub const HEAD_MASK: u64 = !super::allocator_call::STEPPED;
 }
 
 /// Exponential gaps (bytes) between sampled allocations, drawn from this table at random:

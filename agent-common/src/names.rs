@@ -67,6 +67,12 @@ pub const REQUEST_LAYOUT: &str = "REQUEST_LAYOUT";
 pub const PROG_ALLOCATION_CALLED: &str = "allocation_called";
 pub const PROG_ALLOCATION_RETURNED: &str = "allocation_returned";
 pub const PROG_FREE_CALLED: &str = "free_called";
+/// The `alloc` group's uprobes on gperftools tcmalloc's sampled path: its list of sampled
+/// objects growing (`DLL_Prepend`, the cookie the list's head) and shrinking (`DLL_Remove`).
+pub const PROG_TCMALLOC_SAMPLED: &str = "tcmalloc_sampled";
+pub const PROG_TCMALLOC_FREED: &str = "tcmalloc_freed";
+/// Every program of the `alloc` group.
+pub const ALLOC_PROGRAMS: [&str; 5] = [PROG_ALLOCATION_CALLED, PROG_ALLOCATION_RETURNED, PROG_FREE_CALLED, PROG_TCMALLOC_SAMPLED, PROG_TCMALLOC_FREED];
 /// Global: `[u64; ALLOC_GAPS]`, the sampling gaps.
 pub const ALLOC_GAP_TABLE: &str = "ALLOC_GAP_TABLE";
 /// Sampled allocations not yet freed, `LiveKey` to `LiveAllocation`.

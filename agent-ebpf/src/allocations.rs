@@ -13,7 +13,7 @@ use aya_ebpf::{
 
 use crate::{
     aggregate,
-    buffers::{active_set, bump},
+    buffers::{active_set, bump, BufferSet},
     thread_cache::current_key,
     walk,
 };
@@ -24,7 +24,7 @@ static ALLOC_GAP_TABLE: [u64; ALLOC_GAPS] = [0; ALLOC_GAPS];
 
 /// Sampled allocations not yet freed; userspace sizes it.
 #[map]
-static LIVE_ALLOCATIONS: HashMap<LiveKey, LiveAllocation> = HashMap::with_max_entries(1, 0);
+pub(crate) static LIVE_ALLOCATIONS: HashMap<LiveKey, LiveAllocation> = HashMap::with_max_entries(1, 0);
 /// Per thread, the allocator call it is in, from entry to return. LRU: a return the kernel
 /// could not catch (its return-probe stack full) leaves an entry that must not stay.
 #[map]
@@ -80,14 +80,8 @@ pub fn allocation_called(ctx: ProbeContext) -> u32 {
     bump(&set, counter::ALLOC_CALLS);
     let mut in_call = InCall { sp, started_ns: now, call, size, pointer, sampled: 0, key: SampleKey::default() };
     if size > 0 && take_sample(size) {
-        let tgid = (pid_tgid >> 32) as u32;
-        let mut key = current_key(kind::ALLOCATION, &set);
-        walk::capture(&set, tgid, &mut key);
-        // Counted at the call, in the set that holds its stack; the drain scales it.
-        aggregate::record(&set, &key, 1, size);
-        bump(&set, counter::ALLOC_SAMPLES);
+        in_call.key = record_sampled(&set, (pid_tgid >> 32) as u32, size);
         in_call.sampled = 1;
-        in_call.key = key;
     }
     let _ = IN_CALL.insert(&pid_tgid, &in_call, 0);
     0
@@ -136,9 +130,20 @@ pub fn free_called(ctx: ProbeContext) -> u32 {
     0
 }
 
+/// Records a sampled allocation of `size` bytes with its stacks, counted at the call in the
+/// set that holds its stack (the drain scales it); returns its key.
+#[inline(always)]
+pub(crate) fn record_sampled(set: &BufferSet, tgid: u32, size: u64) -> SampleKey {
+    let mut key = current_key(kind::ALLOCATION, set);
+    walk::capture(set, tgid, &mut key);
+    aggregate::record(set, &key, 1, size);
+    bump(set, counter::ALLOC_SAMPLES);
+    key
+}
+
 /// Counts a hit the kernel stepped, by the probe's cookie.
 #[inline(always)]
-fn count_step(cookie: u64) {
+pub(crate) fn count_step(cookie: u64) {
     if cookie & allocator_call::STEPPED != 0 {
         bump(&active_set(), counter::PROBE_STEPS);
     }

@@ -3,7 +3,7 @@
 //!
 //! Programs, a file each: `oncpu` (perf_event), `faults` (perf_event on page faults),
 //! `memory_requests` (brk and anonymous mmap calls), `allocations` (uprobes on a process's
-//! allocator), `offcpu` (sched_switch), `network` (one
+//! allocator), `tcmalloc` (uprobes on gperftools tcmalloc's own sampled path), `offcpu` (sched_switch), `network` (one
 //! program per net tracepoint, and the socket's last sender), `process_life` (fork, exec,
 //! exit, code replaced in place, cgroup moves). What they share: `buffers` (the A/B sets and
 //! their counters), `aggregate` (adding to a key), `perf_sample` (a perf event's sample),
@@ -35,6 +35,7 @@ mod python;
 mod run_time;
 mod tails;
 mod task;
+mod tcmalloc;
 mod thread_cache;
 mod walk;
 

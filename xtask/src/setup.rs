@@ -26,7 +26,8 @@ fn apt_packages() -> Vec<(&'static str, &'static str)> {
 
 /// (shared library, Debian package): the allocators the heap tests preload, in the
 /// multiarch library directory (`library_dir`).
-const APT_LIBRARIES: [(&str, &str); 2] = [("libjemalloc.so.2", "libjemalloc2"), ("libtcmalloc_minimal.so.4", "libtcmalloc-minimal4")];
+const APT_LIBRARIES: [(&str, &str); 3] =
+    [("libjemalloc.so.2", "libjemalloc2"), ("libtcmalloc_minimal.so.4", "libtcmalloc-minimal4"), ("libtcmalloc.so.4", "libgoogle-perftools4")];
 
 /// Debian's multiarch library directory of this machine's architecture.
 fn library_dir() -> PathBuf {

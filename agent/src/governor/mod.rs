@@ -115,7 +115,7 @@ impl Governor {
         });
         // Each allocation call traps twice (entry and return), each free once; some hits
         // also step an instruction.
-        let traps = 2 * interval.counter(counter::ALLOC_CALLS) + interval.counter(counter::FREE_CALLS);
+        let traps = 2 * interval.counter(counter::ALLOC_CALLS) + interval.counter(counter::FREE_CALLS) + interval.counter(counter::SAMPLED_PATH_HITS);
         let steps = interval.counter(counter::PROBE_STEPS);
         let probes_ns = sampler.alloc_trap_costs().map_or(0.0, |c| c.trap_ns * traps as f64 + c.step_ns * steps as f64);
         let (overhead, rates) = self.observe(runs, sampler.program_cost(), probes_ns, interval.host);

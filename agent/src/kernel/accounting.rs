@@ -51,8 +51,7 @@ impl Sampler {
             let Ok(info) = program.info() else { continue };
             let ns = info.run_time().as_nanos() as u64;
             let untimed = [names::PROG_EXEC, names::PROG_EXIT];
-            let probes = [names::PROG_ALLOCATION_CALLED, names::PROG_ALLOCATION_RETURNED, names::PROG_FREE_CALLED];
-            if untimed.contains(&name) || probes.contains(&name) {
+            if untimed.contains(&name) || names::ALLOC_PROGRAMS.contains(&name) {
                 cost.other_ns += ns;
             } else {
                 cost.timed_ns += ns;

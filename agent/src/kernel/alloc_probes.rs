@@ -21,6 +21,10 @@ pub enum AllocProbe {
     /// An allocation function: `allocator_call` says where its size is.
     Allocates(u64),
     Frees,
+    /// tcmalloc's list of sampled objects growing, the list's head at this address in the
+    /// process, and shrinking.
+    SampledAllocation(u64),
+    SampledFree,
 }
 
 /// A probe, where (file offset) in the allocator's file, and whether the kernel steps the
@@ -55,6 +59,8 @@ impl Sampler {
             let attached: Vec<(&'static str, Option<u64>)> = match probe {
                 AllocProbe::Allocates(call) => vec![(names::PROG_ALLOCATION_CALLED, Some(call | step)), (names::PROG_ALLOCATION_RETURNED, Some(call))],
                 AllocProbe::Frees => vec![(names::PROG_FREE_CALLED, Some(step))],
+                AllocProbe::SampledAllocation(head) => vec![(names::PROG_TCMALLOC_SAMPLED, Some(head | step))],
+                AllocProbe::SampledFree => vec![(names::PROG_TCMALLOC_FREED, Some(step))],
             };
             for (program, cookie) in attached {
                 let prog: &mut UProbe = ebpf.program_mut(program).context("program missing")?.try_into()?;

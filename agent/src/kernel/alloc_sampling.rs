@@ -19,6 +19,8 @@ pub(super) type WalkId = (i32, u64);
 pub(super) struct LiveSet {
     /// Mean bytes between samples.
     pub(super) mean_bytes: u64,
+    /// Per process whose allocator samples itself, its mean.
+    pub(super) own_means: HashMap<u32, u64>,
     pub(super) leak_age: Duration,
     /// Stacks of sampled allocations, kept while a live allocation (or this interval's
     /// sample) names them.
@@ -27,7 +29,7 @@ pub(super) struct LiveSet {
 
 impl LiveSet {
     pub(super) fn new(mean_bytes: u64, leak_age: Duration) -> LiveSet {
-        LiveSet { mean_bytes, leak_age, stacks: HashMap::new() }
+        LiveSet { mean_bytes, own_means: HashMap::new(), leak_age, stacks: HashMap::new() }
     }
 }
 

@@ -66,13 +66,21 @@ impl Sampler {
         set.stacks.retain(|walk, _| named.contains(walk) || sampled.contains(walk));
         metrics::set("ember_alloc_live_tracked", &[], entries.len() as f64);
         interval.counts.extend(in_use);
-        let mean = set.mean_bytes as f64;
         for (key, value) in interval.counts.iter_mut() {
             if key.kind == kind::ALLOCATION || key.kind == kind::LIVE_ALLOCATION {
-                *value = unsampled(*value, mean);
+                let mean = set.own_means.get(&key.tgid).copied().unwrap_or(set.mean_bytes);
+                *value = unsampled(*value, mean as f64);
             }
         }
         Ok(())
+    }
+
+    /// Process `tgid`'s allocator samples itself, one allocation per `mean` bytes on average:
+    /// its samples are scaled by that mean, not the group's.
+    pub fn set_alloc_mean(&mut self, tgid: u32, mean: u64) {
+        if let Some(set) = self.live_set.as_mut() {
+            set.own_means.insert(tgid, mean);
+        }
     }
 
     /// Forgets every live allocation (read and deleted in one pass).

@@ -215,7 +215,7 @@ impl Sampler {
 
         // Loaded now, attached to each chosen process's allocator by the resolve stage.
         if settings.alloc.is_some() {
-            for program in [names::PROG_ALLOCATION_CALLED, names::PROG_ALLOCATION_RETURNED, names::PROG_FREE_CALLED] {
+            for program in names::ALLOC_PROGRAMS {
                 load_uprobe(&mut ebpf, program)?;
             }
         }

@@ -33,6 +33,7 @@ pub fn report(losses: Losses) {
             | counter::ALLOC_CALLS
             | counter::FREE_CALLS
             | counter::PROBE_STEPS
+            | counter::SAMPLED_PATH_HITS
             | counter::ALLOC_SAMPLES => ("ember_events_total", Some("event")),
             counter::ALLOC_UNTRACKED => ("ember_lost_total", Some("reason")),
             counter::RUN_NS.. => continue, // a cost, not an event: the governor reports it

@@ -1,13 +1,14 @@
 //! Finding a process's allocator for the `alloc` group: the file among its mappings whose
 //! symbols define `malloc` (a preloaded jemalloc or tcmalloc, an allocator linked into the
 //! executable, else libc), and where in its file its allocation and free functions are probed.
-use std::{fs::File, os::unix::fs::FileExt as _, sync::Arc};
+use std::{collections::HashMap, fs::File, os::unix::fs::FileExt as _, sync::Arc};
 
 use agent_common::allocator_call;
 use object::{Object as _, ObjectSymbol as _, SymbolKind};
 
 use super::{
     probe_site::{self, CODE_BYTES, RDI, RDX, RSI, RSP},
+    tcmalloc::{self, SampledPath},
     untrusted::read_with,
     Binary,
 };
@@ -22,6 +23,8 @@ pub struct Allocator {
     pub binary: Arc<Binary>,
     /// One per distinct function (glibc's `aligned_alloc` is `memalign`).
     pub functions: Vec<AllocSite>,
+    /// gperftools tcmalloc's own sampled path, where the file has one.
+    pub sampled_path: Option<SampledPath>,
 }
 
 /// The functions probed, by symbol. C++'s `new` and `delete` count where the allocator defines
@@ -57,17 +60,17 @@ pub fn find(binaries: &[Arc<Binary>]) -> Option<Allocator> {
     for binary in ordered {
         let Ok(file) = binary.file.try_clone() else { continue };
         // libstdc++ defines `operator new` over libc's malloc: an allocator defines malloc.
-        if let Ok(Some(functions)) = read_with(binary.served, move || functions_in(&file)) {
-            return Some(Allocator { binary: binary.clone(), functions });
+        if let Ok(Some((functions, sampled_path))) = read_with(binary.served, move || functions_in(&file)) {
+            return Some(Allocator { binary: binary.clone(), functions, sampled_path });
         }
     }
     None
 }
 
-/// The probed functions that `file` defines, each function once, if it defines `malloc`. Only
-/// bounded reads of the file: its symbol tables and headers, offsets checked by `object`, and
-/// each function's first bytes.
-pub(crate) fn functions_in(file: &File) -> Option<Vec<AllocSite>> {
+/// The probed functions that `file` defines, each function once, and its sampled path if it
+/// has one, if it defines `malloc`. Only bounded reads of the file: its symbol tables and
+/// headers, offsets checked by `object`, and functions' first bytes.
+pub(crate) fn functions_in(file: &File) -> Option<(Vec<AllocSite>, Option<SampledPath>)> {
     let cache = object::read::ReadCache::new(file);
     let elf = object::File::parse(&cache).ok()?;
     let segments = executable_segments(&elf);
@@ -75,11 +78,18 @@ pub(crate) fn functions_in(file: &File) -> Option<Vec<AllocSite>> {
     let mut found: Vec<AllocSite> = Vec::new();
     let mut starts: Vec<u64> = Vec::new();
     let mut malloc = false;
+    let mut sampled_path_symbols: HashMap<&str, u64> = HashMap::new();
     for symbol in elf.dynamic_symbols().chain(elf.symbols()) {
-        if symbol.kind() != SymbolKind::Text || symbol.is_undefined() || symbol.address() == 0 {
+        if symbol.is_undefined() || symbol.address() == 0 {
             continue;
         }
         let Ok(name) = symbol.name() else { continue };
+        if let Some(known) = tcmalloc::SYMBOLS.iter().find(|n| **n == name) {
+            sampled_path_symbols.insert(known, symbol.address());
+        }
+        if symbol.kind() != SymbolKind::Text {
+            continue;
+        }
         let Some(&(function, probe)) = FUNCTIONS.iter().find(|(n, _)| *n == name) else { continue };
         let Some(offset) = file_offset(symbol.address()) else { continue };
         malloc |= name == "malloc";
@@ -88,18 +98,20 @@ pub(crate) fn functions_in(file: &File) -> Option<Vec<AllocSite>> {
             found.push(site(file, function, probe, offset));
         }
     }
-    malloc.then_some(found)
+    let sampled_path = SampledPath::find(file, &sampled_path_symbols, file_offset, |function, probe, offset| site(file, function, probe, offset));
+    malloc.then_some((found, sampled_path))
 }
 
 /// Where `probe` goes in the function at `offset` (`probe_site`): a free's reads its argument;
 /// an allocation's reads its arguments and, with its return probe at the same place, the stack
-/// pointer.
+/// pointer; a sampled-path probe reads its arguments.
 fn site(file: &File, function: &'static str, probe: AllocProbe, offset: u64) -> AllocSite {
     let mut code = [0u8; CODE_BYTES];
     let read = file.read_at(&mut code, offset).unwrap_or(0);
     let kept = match probe {
-        AllocProbe::Frees => RDI,
+        AllocProbe::Frees | AllocProbe::SampledFree => RDI,
         AllocProbe::Allocates(_) => RDI | RSI | RDX | RSP,
+        AllocProbe::SampledAllocation(_) => RDI | RSI,
     };
     let site = probe_site::place(&code[..read], kept);
     AllocSite { function, probe, offset: offset + site.offset, stepped: site.stepped }
@@ -119,7 +131,8 @@ mod tests {
 
     #[test]
     fn glibc_defines_each_allocation_function_once_by_offset() {
-        let functions = functions_in(&File::open(own_libc()).unwrap()).expect("libc defines malloc");
+        let (functions, sampled_path) = functions_in(&File::open(own_libc()).unwrap()).expect("libc defines malloc");
+        assert_eq!(sampled_path, None);
         let count = |probe| functions.iter().filter(|f| f.probe == probe).count();
         assert_eq!(count(AllocProbe::Allocates(allocator_call::MALLOC)), 2, "malloc and valloc: {functions:?}");
         assert_eq!(count(AllocProbe::Allocates(allocator_call::CALLOC)), 1);
@@ -135,7 +148,7 @@ mod tests {
 
     #[test]
     fn glibcs_malloc_and_free_are_probed_where_the_kernel_need_not_step() {
-        let functions = functions_in(&File::open(own_libc()).unwrap()).expect("libc defines malloc");
+        let (functions, _) = functions_in(&File::open(own_libc()).unwrap()).expect("libc defines malloc");
         // glibc 2.36's malloc opens with a push; its free with `test %rdi,%rdi`, which is
         // stepped, and a `je`, which is not.
         let probed = |probe| functions.iter().filter(|f| f.probe == probe).collect::<Vec<_>>();

@@ -11,12 +11,14 @@ mod life;
 mod open;
 mod perf_map;
 pub(crate) mod probe_site;
+mod process_memory;
 pub mod pods;
 mod proc_dir;
 mod procs;
 mod python;
 pub mod relabel;
 mod targets;
+mod tcmalloc;
 mod untrusted;
 mod vdso;
 
@@ -142,11 +144,37 @@ impl Resolver {
         let files = self.processes.code_files(pid);
         anyhow::ensure!(!files.is_empty(), "process {pid} could not be read: is it running?");
         let found = allocator::find(&files).with_context(|| format!("process {pid} maps no allocator Ember can probe (no file of it defines malloc)"))?;
-        let probes = self.sampler.probe_allocator(pid, &found.binary.open_path(), &found.functions)?;
+        let sites = match self.own_sampling(pid, &found) {
+            Some(sampling) => {
+                tracing::info!(pid, period = sampling.period, "tcmalloc samples this process's allocations itself: probed on its own sampled path, not at every call");
+                self.sampler.set_alloc_mean(pid, sampling.period);
+                sampling.sites.to_vec()
+            }
+            None => found.functions.clone(),
+        };
+        let probes = self.sampler.probe_allocator(pid, &found.binary.open_path(), &sites)?;
         // Functions whose probe the kernel steps (no emulated instruction found to put it on).
-        let stepped: Vec<&str> = found.functions.iter().filter(|f| f.stepped).map(|f| f.function).collect();
+        let stepped: Vec<&str> = sites.iter().filter(|f| f.stepped).map(|f| f.function).collect();
         tracing::info!(pid, allocator = found.binary.path, probes, stepped = stepped.join(","), "allocator probed");
         Ok(())
+    }
+
+    /// tcmalloc's own sampling in process `pid`, if its allocator has a sampled path and it
+    /// is on there; says why not where it has one.
+    fn own_sampling(&self, pid: u32, found: &allocator::Allocator) -> Option<tcmalloc::Sampling> {
+        let path = found.sampled_path.as_ref()?;
+        let anchor_at = self.processes.address_of(pid, &found.binary, path.anchor_offset())?;
+        match path.in_process(pid, anchor_at) {
+            Ok(Some(sampling)) => Some(sampling),
+            Ok(None) => {
+                tracing::info!(pid, "tcmalloc's own sampling is off in this process (TCMALLOC_SAMPLE_PARAMETER unset): every allocator call is probed");
+                None
+            }
+            Err(e) => {
+                tracing::info!(pid, "tcmalloc's sampled path cannot be used ({e:#}): every allocator call is probed");
+                None
+            }
+        }
     }
 
     /// Waits for the kernel to announce new processes and captures them; while the `alloc`

@@ -404,6 +404,17 @@ impl ProcessTable {
         Ok(binary)
     }
 
+    /// Where a process (its latest life) maps `file_offset` of `binary`, if it maps it as code.
+    pub fn address_of(&self, tgid: u32, binary: &Binary, file_offset: u64) -> Option<u64> {
+        let process = self.processes.get(&tgid)?;
+        process.mappings.iter().find_map(|m| match &m.target {
+            MappingTarget::File(file) if file.id == binary.id && (m.file_offset..m.file_offset + (m.end - m.start)).contains(&file_offset) => {
+                Some(m.start + (file_offset - m.file_offset))
+            }
+            _ => None,
+        })
+    }
+
     /// The files a process (its latest life) maps code from, each once, by address: its
     /// executable first where it is mapped lowest, as usual.
     pub fn code_files(&self, tgid: u32) -> Vec<Arc<Binary>> {

@@ -137,6 +137,16 @@ fn kept_blocks(mode: &str, rest: &[String]) -> usize {
     }
 }
 
+/// Allocates and frees `mib` MiB, a MiB at a time, before the measured allocations: an
+/// allocator that samples itself may leave its first megabytes unsampled (tcmalloc draws its
+/// first sampling point before it reads its sampling period, and then waits 16 MiB).
+#[inline(never)]
+fn warm_up(mib: usize) {
+    for _ in 0..mib {
+        unsafe { libc::free(black_box(libc::malloc(1 << 20))) };
+    }
+}
+
 /// Allocates `blocks` blocks of `block` bytes into `kept` (room made by the caller) and
 /// never frees them.
 #[inline(never)]
@@ -439,6 +449,9 @@ fn main() {
         "alloc" => {
             // 16 KiB blocks, a quarter of the test's sampling mean.
             const BLOCK: usize = 16 << 10;
+            if let Some(mib) = rest.get(1) {
+                warm_up(mib.parse().expect("alloc warm-up MiB"));
+            }
             leak(&mut kept, kept_blocks(&mode, &rest), LEAK_BLOCK);
             // 700 MiB through the two sites, in runs of 10 blocks, 7 to alloc_most: freed
             // at once, as most allocations are.

@@ -13,7 +13,7 @@
 //! free-threaded 3.13t build has a larger object header and is not described here.
 
 use super::lines;
-use super::memory::{Fault, ProcessMemory};
+use crate::resolve::process_memory::{Fault, ProcessMemory};
 
 /// Longest name or file name read, in characters.
 pub const MAX_STRING_CHARS: usize = 4096;

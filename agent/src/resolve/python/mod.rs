@@ -1,13 +1,12 @@
 //! Python frames. CPython is found in a process's files (`detect`, with each version's
 //! offsets from `versions` or, where it publishes them, `debug_offsets`) and told to the
 //! walk, which records each Python frame as its code object and position; here they are named
-//! from the process's memory (`memory`, `code`, `lines`), and the evaluation loop's native
+//! from the process's memory (`code`, `lines`, read with `process_memory`), and the evaluation loop's native
 //! frames are told apart, where the interval puts each run's Python frames.
 mod code;
 mod debug_offsets;
 mod detect;
 mod lines;
-mod memory;
 mod versions;
 
 use std::{
@@ -24,7 +23,7 @@ use super::{
 use crate::ops::metrics;
 use code::{read_code, CodeInfo, CodeLayout};
 use detect::{minor_from_name, Interpreter};
-use memory::ProcessMemory;
+use super::process_memory::ProcessMemory;
 
 /// A named Python frame.
 #[derive(Debug, PartialEq, Eq, Hash)]

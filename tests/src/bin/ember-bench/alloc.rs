@@ -63,8 +63,11 @@ fn libc_of(pid: u32) -> Result<String> {
 }
 
 /// Debian's allocators that the bench preloads beside glibc's (`cargo xtask setup` installs
-/// them): their functions open with other instructions, so their probes land elsewhere.
-const PRELOADED: [&str; 2] = ["libjemalloc.so.2", "libtcmalloc_minimal.so.4"];
+/// them), with their environment: jemalloc's and tcmalloc-minimal's functions open with other
+/// instructions, so their probes land elsewhere; the full tcmalloc with its sampler on (at its
+/// documented period) is probed on its sampled path only.
+const PRELOADED: [(&str, &str); 3] =
+    [("libjemalloc.so.2", ""), ("libtcmalloc_minimal.so.4", ""), ("libtcmalloc.so.4", "TCMALLOC_SAMPLE_PARAMETER=524288")];
 
 pub fn run(seconds: u64) -> Result<()> {
     println!("bench alloc: fixture alloc-loop (malloc+free of 64 bytes), {seconds}s per run");
@@ -94,16 +97,16 @@ pub fn run(seconds: u64) -> Result<()> {
         println!("  {name}: done");
         rows.push((name.to_string(), rate, none, cost, bpf_ns));
     }
-    for library in PRELOADED {
+    for (library, environment) in PRELOADED {
         let path = Path::new("/usr/lib").join(format!("{}-linux-gnu", std::env::consts::ARCH)).join(library);
         anyhow::ensure!(path.is_file(), "{} is missing: run `cargo xtask setup`", path.display());
         let preload = format!("LD_PRELOAD={}", path.display());
-        let wrapper = ["env", preload.as_str()];
+        let wrapper: Vec<&str> = ["env", preload.as_str(), environment].into_iter().filter(|a| !a.is_empty()).collect();
         let bare = pairs_per_second(finish(spawn("alloc-loop", seconds, &[], &wrapper)?)?);
         let child = spawn("alloc-loop", seconds, &[], &wrapper)?;
         let command = ember(child.id(), seconds, &dir);
         let (rate, cost, bpf_ns) = under("ember-agent", command, child, seconds)?;
-        let name = format!("ember-agent --events alloc, {library} preloaded");
+        let name = format!("ember-agent --events alloc, {library} preloaded {environment}").trim_end().to_string();
         println!("  {name}: done ({:.1} ns a pair with no profiler)", 1e9 / bare);
         rows.push((name, rate, bare, Some(cost), bpf_ns));
     }

@@ -1,0 +1,118 @@
+//! gperftools tcmalloc's own sampled path (the full tcmalloc, `libtcmalloc.so.4`; not
+//! tcmalloc-minimal, which has no sampler). With `TCMALLOC_SAMPLE_PARAMETER` set, tcmalloc
+//! samples one allocation per that many bytes on average (a Poisson process, as Ember's own
+//! sampling), gives each sampled one a span of its own and links it into a list of sampled
+//! objects (`DLL_Prepend` onto the list's head, `DLL_Remove` when it is freed). Probing those
+//! two functions costs a trap per sampled allocation and per free of one, not per call. The
+//! list's head is a hidden static: its address is read from the code of the exported function
+//! that walks it (`ReadStackTraces`), and checked in the process before it is trusted.
+use std::{collections::HashMap, fs::File, os::unix::fs::FileExt as _};
+
+use anyhow::{ensure, Context as _, Result};
+
+use super::process_memory::ProcessMemory;
+use crate::kernel::{AllocProbe, AllocSite};
+
+const DLL_PREPEND: &str = "_ZN8tcmalloc11DLL_PrependEPNS_4SpanES1_";
+const DLL_REMOVE: &str = "_ZN8tcmalloc10DLL_RemoveEPNS_4SpanE";
+const READ_STACK_TRACES: &str = "_ZN22TCMallocImplementation15ReadStackTracesEPi";
+const SAMPLE_PARAMETER: &str = "_ZN61FLAG__namespace_do_not_use_directly_use_DECLARE_int64_instead31FLAGS_tcmalloc_sample_parameterE";
+/// The symbols looked for among the allocator's.
+pub const SYMBOLS: [&str; 4] = [DLL_PREPEND, DLL_REMOVE, READ_STACK_TRACES, SAMPLE_PARAMETER];
+/// Bytes of `ReadStackTraces` searched for the head's address (it is loaded some 80 bytes in).
+const READER_BYTES: usize = 256;
+/// The head's `next` and `prev` pointers, after `start` and `length`.
+const HEAD_LINKS: u64 = 0x10;
+
+/// Where tcmalloc's sampled path is in its file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SampledPath {
+    /// The probes on `DLL_Prepend` (its head not yet known) and `DLL_Remove`.
+    grows: AllocSite,
+    shrinks: AllocSite,
+    /// Link-time addresses of the sampling period (an int64 flag) and of the list's head.
+    period: u64,
+    head: u64,
+    /// A text address of the file and its file offset, to place the others in a process.
+    anchor: (u64, u64),
+}
+
+/// tcmalloc's sampling in one process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sampling {
+    /// Mean bytes between sampled allocations.
+    pub period: u64,
+    /// The two probes, the head's address in the process in the first one's.
+    pub sites: [AllocSite; 2],
+}
+
+impl SampledPath {
+    /// The sampled path of the file whose symbols (by name, link-time address) include
+    /// `symbols`, if it has one. `site` places a probe on a function, by its address.
+    pub fn find(file: &File, symbols: &HashMap<&str, u64>, file_offset: impl Fn(u64) -> Option<u64>, site: impl Fn(&'static str, AllocProbe, u64) -> AllocSite) -> Option<SampledPath> {
+        let [grows, shrinks, reader, period] = SYMBOLS.map(|name| symbols.get(name).copied());
+        let reader = reader?;
+        let reader_offset = file_offset(reader)?;
+        let mut code = [0u8; READER_BYTES];
+        let read = file.read_at(&mut code, reader_offset).ok()?;
+        Some(SampledPath {
+            grows: site(DLL_PREPEND, AllocProbe::SampledAllocation(0), file_offset(grows?)?),
+            shrinks: site(DLL_REMOVE, AllocProbe::SampledFree, file_offset(shrinks?)?),
+            period: period?,
+            head: rip_relative_lea(&code[..read], reader)?,
+            anchor: (reader, reader_offset),
+        })
+    }
+
+    /// The file offset whose address in a process `in_process` takes.
+    pub fn anchor_offset(&self) -> u64 {
+        self.anchor.1
+    }
+
+    /// The sampling of process `pid`, whose mapping of the file puts the anchor's file offset
+    /// at `anchor_at`: None when tcmalloc does not sample there (the period is 0, as by
+    /// default), an error when the head is not a list's.
+    pub fn in_process(&self, pid: u32, anchor_at: u64) -> Result<Option<Sampling>> {
+        let memory = ProcessMemory::new(pid as i32);
+        let at = |address: u64| anchor_at.wrapping_sub(self.anchor.0).wrapping_add(address);
+        let mut word = [0u8; 8];
+        memory.read(at(self.period), &mut word).context("reading tcmalloc's sampling period")?;
+        let period = i64::from_le_bytes(word);
+        if period <= 0 {
+            return Ok(None);
+        }
+        let head = at(self.head);
+        let mut links = [0u8; 16];
+        memory.read(head + HEAD_LINKS, &mut links).context("reading tcmalloc's list of sampled objects")?;
+        let (next, prev) = (u64::from_le_bytes(links[..8].try_into()?), u64::from_le_bytes(links[8..].try_into()?));
+        ensure!(next != 0 && prev != 0 && next % 8 == 0 && prev % 8 == 0, "no list of sampled objects where tcmalloc's code says (links {next:#x}, {prev:#x})");
+        let grows = AllocSite { probe: AllocProbe::SampledAllocation(head), ..self.grows };
+        Ok(Some(Sampling { period: period as u64, sites: [grows, self.shrinks] }))
+    }
+}
+
+/// The target of the first `lea disp32(%rip), reg` (64-bit) in `code`, the bytes of a function
+/// at link-time address `address`.
+fn rip_relative_lea(code: &[u8], address: u64) -> Option<u64> {
+    code.windows(7).enumerate().find_map(|(at, bytes)| {
+        let is_lea = matches!(bytes[0], 0x48 | 0x4c) && bytes[1] == 0x8d && bytes[2] & 0xc7 == 0x05;
+        let displacement = i32::from_le_bytes(bytes[3..7].try_into().ok()?);
+        is_lea.then(|| (address + at as u64 + 7).wrapping_add_signed(i64::from(displacement)))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_heads_address_is_the_target_of_the_first_rip_relative_lea() {
+        // Debian's libtcmalloc.so.4 2.10, ReadStackTraces at 0x1a180: lea 0x10(%rsp),%rbp
+        // (not rip-relative) at +0x1d, then lea 0x1ba609(%rip),%r12 at +0x50.
+        let mut code = vec![0x90; 0x50];
+        code[0x1d..0x22].copy_from_slice(&[0x48, 0x8d, 0x6c, 0x24, 0x10]);
+        code.extend([0x4c, 0x8d, 0x25, 0x09, 0xa6, 0x1b, 0x00]);
+        assert_eq!(rip_relative_lea(&code, 0x1a180), Some(0x1d47e0));
+        assert_eq!(rip_relative_lea(&code[..0x50], 0x1a180), None);
+    }
+}
