@@ -72,6 +72,8 @@ impl Sampler {
                 *value = unsampled(*value, mean as f64);
             }
         }
+        // Once its last samples are scaled, an ended process's mean goes.
+        set.own_means.retain(|tgid, _| std::path::Path::new(&format!("/proc/{tgid}")).exists());
         Ok(())
     }
 
