@@ -11,7 +11,7 @@ use std::{
 /// layers below it. Names not listed (items of lib.rs) belong to the commands; `fuzz` (the fuzz
 /// targets' entry points) sits with them.
 const AGENT: &[&[&str]] = &[
-    &["ops", "maps_line"],
+    &["ops", "maps_line", "pod_selector"],
     &["kernel"],
     &["unwind"],
     &["resolve"],

@@ -12,7 +12,7 @@ use aya::programs::{
     UProbe,
 };
 
-use super::{aya_errors::chain, load::Sampler};
+use super::{aya_errors::chain, load::Sampler, probe_costs::TrapCosts};
 use crate::maps_line::MapsLine;
 
 /// What a probe does.
@@ -36,14 +36,6 @@ pub struct AllocSite {
     pub probe: AllocProbe,
     pub offset: u64,
     pub stepped: bool,
-}
-
-/// What an allocator probe's hit costs on this host (ns), measured once: the trap, and the
-/// step the kernel adds where it does not emulate the probed instruction.
-#[derive(Clone, Copy, Debug)]
-pub struct TrapCosts {
-    pub trap_ns: f64,
-    pub step_ns: f64,
 }
 
 impl Sampler {

@@ -89,7 +89,7 @@ pub struct Sampler {
     /// The allocator probes in: by process, the program and its link.
     pub(super) alloc_links: HashMap<u32, Vec<(&'static str, UProbeLinkId)>>,
     /// What one of their traps costs here (ns), once measured.
-    pub(super) alloc_trap_costs: Option<super::alloc_probes::TrapCosts>,
+    pub(super) alloc_trap_costs: Option<super::probe_costs::TrapCosts>,
 }
 
 impl Sampler {

@@ -15,6 +15,7 @@ mod host_stat;
 mod layouts;
 mod live_allocations;
 mod load;
+mod probe_costs;
 mod rates;
 mod sampling;
 mod unwind_maps;
