@@ -102,7 +102,8 @@ fn assert_split(most: f64, rest: f64, run: &FixtureRun) {
 
 /// `allocator` was the allocator probed, and each of its probes is on an instruction the
 /// kernel emulates: glibc's, jemalloc's and tcmalloc's functions each have one near their
-/// entry (a stepped probe costs some 10 µs a call more on a VM).
+/// entry, and tcmalloc's sampled path is probed on calls (a stepped probe costs some 10 µs a
+/// hit more on a VM).
 fn assert_probed_without_steps(stderr: &str, allocator: &str) {
     let line = stderr.lines().find(|l| l.contains("allocator probed") && l.contains(allocator));
     let line = line.unwrap_or_else(|| panic!("{allocator} was not the allocator probed:\n{stderr}"));
@@ -330,5 +331,7 @@ fn tcmalloc_that_samples_itself_is_probed_on_its_sampled_path_only() {
     assert!(stderr.contains("probed on its own sampled path"), "tcmalloc's sampling was not found:\n{stderr}");
     let probed = stderr.lines().find(|l| l.contains("allocator probed")).unwrap_or_else(|| panic!("nothing probed:\n{stderr}"));
     assert!(probed.contains("libtcmalloc.so.4") && probed.contains("probes=2 "), "{probed}");
+    // On the two calls that link and unlink a sampled object, not the functions they call.
+    assert_probed_without_steps(&stderr, "libtcmalloc.so.4");
     assert_split_and_leak(&profile, pid, &run, "tcmalloc sampling itself");
 }

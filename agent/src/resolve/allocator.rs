@@ -98,7 +98,7 @@ pub(crate) fn functions_in(file: &File) -> Option<(Vec<AllocSite>, Option<Sample
             found.push(site(file, function, probe, offset));
         }
     }
-    let sampled_path = SampledPath::find(file, &sampled_path_symbols, file_offset, |function, probe, offset| site(file, function, probe, offset));
+    let sampled_path = SampledPath::find(&elf, file, &sampled_path_symbols, file_offset, |function, probe, offset| site(file, function, probe, offset));
     malloc.then_some((found, sampled_path))
 }
 

@@ -4,6 +4,7 @@
 mod alloc_members;
 mod allocator;
 mod binary;
+mod call_sites;
 mod cgroups;
 mod code_areas;
 mod interval;

@@ -2,15 +2,22 @@
 //! tcmalloc-minimal, which has no sampler). With `TCMALLOC_SAMPLE_PARAMETER` set, tcmalloc
 //! samples one allocation per that many bytes on average (a Poisson process, as Ember's own
 //! sampling), gives each sampled one a span of its own and links it into a list of sampled
-//! objects (`DLL_Prepend` onto the list's head, `DLL_Remove` when it is freed). Probing those
-//! two functions costs a trap per sampled allocation and per free of one, not per call. The
-//! list's head is a hidden static: its address is read from the code of the exported function
-//! that walks it (`ReadStackTraces`), and checked in the process before it is trusted.
+//! objects (`DLL_Prepend` onto the list's head, `DLL_Remove` when it is freed). The probes go
+//! on the two calls that do that for sampled objects (`call` is emulated at a trap; neither
+//! function has an instruction the kernel emulates before it returns, and both also move the
+//! page heap's spans), or, where those calls are not found, on the functions: a trap per
+//! sampled allocation and per free of one, not per call. The list's head is a hidden static:
+//! its address is read from the code of the exported function that walks it
+//! (`ReadStackTraces`), and checked in the process before it is trusted.
 use std::{collections::HashMap, fs::File, os::unix::fs::FileExt as _};
 
+use agent_common::tcmalloc_span;
 use anyhow::{ensure, Context as _, Result};
 
-use super::process_memory::ProcessMemory;
+use super::{
+    call_sites::{calls_to, rip_relative, Call},
+    process_memory::ProcessMemory,
+};
 use crate::kernel::{AllocProbe, AllocSite};
 
 const DLL_PREPEND: &str = "_ZN8tcmalloc11DLL_PrependEPNS_4SpanES1_";
@@ -47,19 +54,38 @@ pub struct Sampling {
 }
 
 impl SampledPath {
-    /// The sampled path of the file whose symbols (by name, link-time address) include
-    /// `symbols`, if it has one. `site` places a probe on a function, by its address.
-    pub fn find(file: &File, symbols: &HashMap<&str, u64>, file_offset: impl Fn(u64) -> Option<u64>, site: impl Fn(&'static str, AllocProbe, u64) -> AllocSite) -> Option<SampledPath> {
+    /// The sampled path of `elf` (read from `file`), whose symbols (by name, link-time
+    /// address) include `symbols`, if it has one. `site` places a probe on a function, or an
+    /// instruction, by its file offset.
+    pub fn find<'data, R: object::ReadRef<'data>>(
+        elf: &object::File<'data, R>,
+        file: &File,
+        symbols: &HashMap<&str, u64>,
+        file_offset: impl Fn(u64) -> Option<u64>,
+        site: impl Fn(&'static str, AllocProbe, u64) -> AllocSite,
+    ) -> Option<SampledPath> {
         let [grows, shrinks, reader, period] = SYMBOLS.map(|name| symbols.get(name).copied());
-        let reader = reader?;
+        let (grows, shrinks, reader) = (grows?, shrinks?, reader?);
         let reader_offset = file_offset(reader)?;
         let mut code = [0u8; READER_BYTES];
         let read = file.read_at(&mut code, reader_offset).ok()?;
+        let head = rip_relative_lea(&code[..read], reader)?;
+        // The one call that prepends onto the head, and the one that removes a span marked sampled.
+        let prepends_sampled = |call: &Call| loads_rdi_with(call, head);
+        let removes_sampled = |call: &Call| tests_sampled_mark(&call.before);
+        let probed = |function, probe, called: u64, is_sampled_path: &dyn Fn(&Call) -> bool| {
+            let mut calls = calls_to(elf, function, called).into_iter().filter(|c| is_sampled_path(c));
+            let at = match (calls.next(), calls.next()) {
+                (Some(call), None) => call.address,
+                _ => called,
+            };
+            Some(site(function, probe, file_offset(at)?))
+        };
         Some(SampledPath {
-            grows: site(DLL_PREPEND, AllocProbe::SampledAllocation(0), file_offset(grows?)?),
-            shrinks: site(DLL_REMOVE, AllocProbe::SampledFree, file_offset(shrinks?)?),
+            grows: probed(DLL_PREPEND, AllocProbe::SampledAllocation(0), grows, &prepends_sampled)?,
+            shrinks: probed(DLL_REMOVE, AllocProbe::SampledFree, shrinks, &removes_sampled)?,
             period: period?,
-            head: rip_relative_lea(&code[..read], reader)?,
+            head,
             anchor: (reader, reader_offset),
         })
     }
@@ -96,14 +122,50 @@ impl SampledPath {
 fn rip_relative_lea(code: &[u8], address: u64) -> Option<u64> {
     code.windows(7).enumerate().find_map(|(at, bytes)| {
         let is_lea = matches!(bytes[0], 0x48 | 0x4c) && bytes[1] == 0x8d && bytes[2] & 0xc7 == 0x05;
-        let displacement = i32::from_le_bytes(bytes[3..7].try_into().ok()?);
-        is_lea.then(|| (address + at as u64 + 7).wrapping_add_signed(i64::from(displacement)))
+        is_lea.then(|| rip_relative(address, at, &bytes[3..7], 7))
     })
+}
+
+/// Whether `lea head(%rip), %rdi` is among the bytes before `call`.
+fn loads_rdi_with(call: &Call, head: u64) -> bool {
+    let start = call.address - call.before.len() as u64;
+    call.before.windows(7).enumerate().any(|(at, bytes)| bytes[..3] == [0x48, 0x8d, 0x3d] && rip_relative(start, at, &bytes[3..7], 7) == head)
+}
+
+/// Whether `testb $SAMPLED, FLAGS(reg)` (a span's sampled mark) is among `bytes`: f6 /0 with
+/// an 8-bit displacement, through a SIB byte where the base is rsp or r12.
+fn tests_sampled_mark(bytes: &[u8]) -> bool {
+    let (flags, sampled) = (tcmalloc_span::FLAGS as u8, tcmalloc_span::SAMPLED);
+    let plain = bytes.windows(4).any(|b| b[0] == 0xf6 && b[1] & 0xf8 == 0x40 && b[1] != 0x44 && b[2..] == [flags, sampled]);
+    plain || bytes.windows(5).any(|b| b[..2] == [0xf6, 0x44] && b[3..] == [flags, sampled])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debians_tcmalloc_is_probed_on_the_two_calls_of_its_sampled_path() {
+        let path = format!("/usr/lib/{}-linux-gnu/libtcmalloc.so.4", std::env::consts::ARCH);
+        let file = File::open(&path).expect("setup installs libgoogle-perftools4");
+        let (_, sampled_path) = crate::resolve::allocator::functions_in(&file).expect("tcmalloc defines malloc");
+        let path = sampled_path.expect("the full tcmalloc has a sampled path");
+        for site in [path.grows, path.shrinks] {
+            let mut opcode = [0u8];
+            file.read_at(&mut opcode, site.offset).unwrap();
+            assert_eq!((opcode[0], site.stepped), (0xe8, false), "{site:?}: a call, not the function's entry");
+        }
+        assert_ne!(path.grows.offset, path.shrinks.offset);
+    }
+
+    #[test]
+    fn a_sampled_mark_test_is_recognised_through_any_base_register() {
+        // testb $0x4,0x2b(%rbp); testb $0x4,0x2b(%r12) (41 f6 44 24 2b 04); the same with another bit.
+        assert!(tests_sampled_mark(&[0x90, 0xf6, 0x45, 0x2b, 0x04, 0x74, 0x2c]));
+        assert!(tests_sampled_mark(&[0x41, 0xf6, 0x44, 0x24, 0x2b, 0x04]));
+        assert!(!tests_sampled_mark(&[0xf6, 0x45, 0x2b, 0x08]));
+        assert!(!tests_sampled_mark(&[0xf6, 0x44, 0x2b, 0x04]));
+    }
 
     #[test]
     fn the_heads_address_is_the_target_of_the_first_rip_relative_lea() {
