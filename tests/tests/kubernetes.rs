@@ -5,7 +5,7 @@
 //! when the API server goes away the agent keeps profiling with the labels it has. At the
 //! collector, a query selects one pod on one node ("pod=checkout-7f9,node=n3"). The `alloc`
 //! group given a pod selector probes the processes of the pods it selects, and no others.
-use std::{process::Command, time::Duration};
+use std::{net::SocketAddr, path::Path, process::Command, time::Duration};
 
 use ember_tests::{
     folded_total, http_get,
@@ -17,9 +17,39 @@ use ember_tests::{
 
 const FIXTURE: &str = env!("CARGO_BIN_EXE_fixture");
 
-/// The kubelet systemd-driver cgroup of a burstable pod's container.
-fn container_cgroup(uid: &str, id: &str) -> String {
-    format!("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{id}.scope", uid.replace('-', "_"))
+/// A node of this test run's own, with pods whose uids and container ids no other run shares.
+struct TestNode {
+    name: String,
+    tag: u32,
+    salt: u16,
+}
+
+impl TestNode {
+    /// `salt` keeps each test's pods apart.
+    fn new(salt: u16) -> TestNode {
+        let tag = std::process::id();
+        TestNode { name: format!("node-{tag}"), tag, salt }
+    }
+
+    /// Pod `n`'s uid, its container's id, and the kubelet systemd-driver cgroup of that
+    /// container in a burstable pod.
+    fn pod(&self, n: u32) -> (String, String, String) {
+        let uid = format!("{:04x}{n:04x}-0e9f-4a8b-9c7d-{:012x}", self.salt, self.tag);
+        let id = format!("{:064x}", (u64::from(self.tag) << 16 | u64::from(self.salt)) * 1_000_003 + u64::from(n));
+        let cgroup = format!("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{id}.scope", uid.replace('-', "_"));
+        (uid, id, cgroup)
+    }
+
+    /// `ember-agent run` on this node with `config` (which names the API server), writing its
+    /// profiles to `local` each second and serving its status on `status`; `args` add to it.
+    fn agent(&self, config: &Path, local: &Path, status: SocketAddr, args: &[&str]) -> Agent {
+        let mut command = Command::new(ember_tests::agent_bin());
+        command.env("NODE_NAME", &self.name).arg("run").arg("--config").arg(config).args(["--interval", "1s", "--output-dir"]).arg(local);
+        command.args(["--http", &status.to_string()]).args(args);
+        let mut agent = Agent::spawn_command(command);
+        agent.wait_ready();
+        agent
+    }
 }
 
 /// Runs the split fixture for `seconds` in cgroup `relative`; returns its pid.
@@ -37,17 +67,14 @@ fn pod_metadata_labels_samples_new_pods_are_picked_up_and_an_api_outage_keeps_pr
     require_root();
     let dir = TempDir::new("kubernetes");
     let mut cgroups = TestCgroups::new();
-    let tag = std::process::id();
-    let node = format!("node-{tag}");
-    let uid = |n: u32| format!("5e1a{n:04x}-0e9f-4a8b-9c7d-{tag:012x}");
-    let id = |n: u64| format!("{:064x}", u64::from(tag) * 1_000_003 + n);
-    let (checkout, scratch, worker) = ((uid(1), id(1)), (uid(2), id(2)), (uid(3), id(3)));
+    let node = TestNode::new(0x5e1a);
+    let (checkout, scratch, worker, elsewhere) = (node.pod(1), node.pod(2), node.pod(3), node.pod(4));
     let labels = [("app", "checkout"), ("app.kubernetes.io/version", "1.2")];
     let mut api = FakeApiServer::start(vec![
-        pod(&checkout.0, "checkout-7f9", "prod", &node, &labels, &[("web", &checkout.1)]),
-        pod(&scratch.0, "scratch", "dev", &node, &[], &[("shell", &scratch.1)]),
+        pod(&checkout.0, "checkout-7f9", "prod", &node.name, &labels, &[("web", &checkout.1)]),
+        pod(&scratch.0, "scratch", "dev", &node.name, &[], &[("shell", &scratch.1)]),
         // Another node's pod: the field selector keeps it away from this agent.
-        pod(&uid(4), "elsewhere", "prod", "another-node", &[], &[("web", &id(4))]),
+        pod(&elsewhere.0, "elsewhere", "prod", "another-node", &[], &[("web", &elsewhere.1)]),
     ]);
     let config = dir.path("agent.toml");
     std::fs::write(
@@ -58,32 +85,26 @@ fn pod_metadata_labels_samples_new_pods_are_picked_up_and_an_api_outage_keeps_pr
     let (local, status) = (dir.path("local"), free_address());
     let (grpc, query) = (free_address(), free_address());
     let collector = CollectorProcess::start_with_http(grpc, query, &TestStore::embedded(&dir), &[]);
-    let mut command = std::process::Command::new(ember_tests::agent_bin());
-    command.env("NODE_NAME", &node).args(["run", "--config", config.to_str().unwrap(), "-F", "99", "--interval", "1s"]);
-    command.args(["--output-dir", local.to_str().unwrap(), "--http", &status.to_string()]);
-    command.args(["--push", &format!("http://{grpc}"), "--spool-dir", dir.path("spool").to_str().unwrap()]);
-    let mut agent = Agent::spawn_command(command);
-    agent.wait_ready();
+    let push = format!("http://{grpc}");
+    let agent = node.agent(&config, &local, status, &["-F", "99", "--push", &push, "--spool-dir", dir.path("spool").to_str().unwrap()]);
     wait_for_metric(status, "ember_kubernetes_pods", Duration::from_secs(20), |n| n == 2.0);
 
     // Cgroups appear after start-up, as a container's do.
-    let (checkout_cg, scratch_cg) = (container_cgroup(&checkout.0, &checkout.1), container_cgroup(&scratch.0, &scratch.1));
-    cgroups.create(&checkout_cg);
-    cgroups.create(&scratch_cg);
-    let checkout_pid = run_in(&cgroups, &checkout_cg, 1.5);
-    let scratch_pid = run_in(&cgroups, &scratch_cg, 1.0);
+    cgroups.create(&checkout.2);
+    cgroups.create(&scratch.2);
+    let checkout_pid = run_in(&cgroups, &checkout.2, 1.5);
+    let scratch_pid = run_in(&cgroups, &scratch.2, 1.0);
 
     // A pod scheduled after start-up arrives over the watch.
-    api.add(pod(&worker.0, "worker-5c2", "prod", &node, &[("app", "worker")], &[("queue", &worker.1)]));
+    api.add(pod(&worker.0, "worker-5c2", "prod", &node.name, &[("app", "worker")], &[("queue", &worker.1)]));
     wait_for_metric(status, "ember_kubernetes_pods", Duration::from_secs(20), |n| n == 3.0);
-    let worker_cg = container_cgroup(&worker.0, &worker.1);
-    cgroups.create(&worker_cg);
-    let worker_pid = run_in(&cgroups, &worker_cg, 1.5);
+    cgroups.create(&worker.2);
+    let worker_pid = run_in(&cgroups, &worker.2, 1.5);
 
     // The API server goes away: the watch fails and retries; profiling and labels go on.
     api.stop();
     wait_for_metric(status, "ember_kubernetes_watch_errors_total", Duration::from_secs(20), |n| n >= 1.0);
-    let after_outage_pid = run_in(&cgroups, &checkout_cg, 1.5);
+    let after_outage_pid = run_in(&cgroups, &checkout.2, 1.5);
     assert_eq!(http_get(status, "/healthz").0, 200, "the agent must stay healthy while the API server is away");
     std::thread::sleep(Duration::from_millis(1500));
     let stderr = agent.stderr();
@@ -91,7 +112,7 @@ fn pod_metadata_labels_samples_new_pods_are_picked_up_and_an_api_outage_keeps_pr
     drop(cgroups);
 
     let requests = api.requests();
-    let selector = format!("fieldSelector=spec.nodeName%3D{node}");
+    let selector = format!("fieldSelector=spec.nodeName%3D{}", node.name);
     assert!(requests.iter().any(|r| r.contains(&selector) && !r.contains("watch=true")), "no list of this node's pods: {requests:?}");
     assert!(requests.iter().any(|r| r.contains(&selector) && r.contains("watch=true")), "no watch of this node's pods: {requests:?}");
     assert!(stderr.contains("Kubernetes pod watch failed"), "the outage must be logged:\n{stderr}");
@@ -125,7 +146,7 @@ fn pod_metadata_labels_samples_new_pods_are_picked_up_and_an_api_outage_keeps_pr
         let (code, body) = http_get(query, &format!("/query?kind=cpu&format=folded&selector={selector}"));
         (code, String::from_utf8(body).unwrap())
     };
-    let (code, text) = folded(&format!("pod=checkout-7f9,node={node}"));
+    let (code, text) = folded(&format!("pod=checkout-7f9,node={}", node.name));
     assert_eq!(code, 200, "{text}");
     assert_eq!(folded_total(&text), checkout_total, "the collector's pod=checkout-7f9 slice differs from the agent's own files");
     assert!(text.contains("hot_a"), "the fixture's frames must be named:\n{text}");
@@ -154,37 +175,28 @@ fn the_alloc_group_probes_the_processes_of_the_pods_a_selector_selects_and_no_ot
     require_root();
     let dir = TempDir::new("kubernetes-alloc");
     let mut cgroups = TestCgroups::new();
-    let tag = std::process::id();
-    let node = format!("node-{tag}");
-    let uid = |n: u32| format!("a110{n:04x}-0e9f-4a8b-9c7d-{tag:012x}");
-    let id = |n: u64| format!("{:064x}", u64::from(tag) * 1_000_033 + n);
-    let (checkout, batch, later) = ((uid(1), id(1)), (uid(2), id(2)), (uid(3), id(3)));
+    let node = TestNode::new(0xa110);
+    let (checkout, batch, later) = (node.pod(1), node.pod(2), node.pod(3));
     let mut api = FakeApiServer::start(vec![
-        pod(&checkout.0, "checkout-7f9", "prod", &node, &[("app", "checkout")], &[("web", &checkout.1)]),
-        pod(&batch.0, "batch-1", "prod", &node, &[("app", "batch")], &[("job", &batch.1)]),
+        pod(&checkout.0, "checkout-7f9", "prod", &node.name, &[("app", "checkout")], &[("web", &checkout.1)]),
+        pod(&batch.0, "batch-1", "prod", &node.name, &[("app", "batch")], &[("job", &batch.1)]),
     ]);
     let config = dir.path("agent.toml");
     std::fs::write(&config, format!("kubernetes = \"{}\"\n", api.url())).unwrap();
     let (local, status) = (dir.path("local"), free_address());
-    let mut command = Command::new(ember_tests::agent_bin());
-    command.env("NODE_NAME", &node).args(["run", "--config", config.to_str().unwrap(), "--events", "alloc", "--alloc-pods", "app=checkout"]);
-    command.args(["--alloc-sample", "64KiB", "--interval", "1s", "--output-dir", local.to_str().unwrap(), "--http", &status.to_string()]);
-    let mut agent = Agent::spawn_command(command);
-    agent.wait_ready();
+    let agent = node.agent(&config, &local, status, &["--events", "alloc", "--alloc-pods", "app=checkout", "--alloc-sample", "64KiB"]);
     wait_for_metric(status, "ember_kubernetes_pods", Duration::from_secs(20), |n| n == 2.0);
 
     // Containers start after the agent, as they do.
-    let (checkout_cg, batch_cg) = (container_cgroup(&checkout.0, &checkout.1), container_cgroup(&batch.0, &batch.1));
-    cgroups.create(&checkout_cg);
-    cgroups.create(&batch_cg);
-    let checkout_pid = allocate_in(&cgroups, &checkout_cg, &agent, true);
-    let batch_pid = allocate_in(&cgroups, &batch_cg, &agent, false);
+    cgroups.create(&checkout.2);
+    cgroups.create(&batch.2);
+    let checkout_pid = allocate_in(&cgroups, &checkout.2, &agent, true);
+    let batch_pid = allocate_in(&cgroups, &batch.2, &agent, false);
     // A pod scheduled later that the selector selects.
-    api.add(pod(&later.0, "checkout-a41", "prod", &node, &[("app", "checkout")], &[("web", &later.1)]));
+    api.add(pod(&later.0, "checkout-a41", "prod", &node.name, &[("app", "checkout")], &[("web", &later.1)]));
     wait_for_metric(status, "ember_kubernetes_pods", Duration::from_secs(20), |n| n == 3.0);
-    let later_cg = container_cgroup(&later.0, &later.1);
-    cgroups.create(&later_cg);
-    let later_pid = allocate_in(&cgroups, &later_cg, &agent, true);
+    cgroups.create(&later.2);
+    let later_pid = allocate_in(&cgroups, &later.2, &agent, true);
     std::thread::sleep(Duration::from_millis(1500));
     stop_agent(agent);
     drop(cgroups);
