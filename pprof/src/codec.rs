@@ -6,6 +6,8 @@ use ember_proto::pprof::Profile;
 use flate2::{read::GzDecoder, Compress, Compression, Crc, FlushCompress, Status};
 use prost::Message;
 
+use crate::ById;
+
 /// A gzip member's header: deflate, no name or time, unknown OS (RFC 1952).
 const GZIP_HEADER: [u8; 10] = [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff];
 
@@ -64,18 +66,18 @@ fn validate(p: &Profile) -> Result<()> {
     anyhow::ensure!(p.string_table.first().is_some_and(String::is_empty), "string_table[0] must be empty");
     let string_ok = |i: i64| (0..strings).contains(&i);
     anyhow::ensure!(p.sample_type.iter().all(|t| string_ok(t.r#type) && string_ok(t.unit)), "sample_type names a missing string");
-    let functions: std::collections::HashSet<u64> = p.function.iter().map(|f| f.id).collect();
+    let functions = ById::new(&p.function, |f| f.id);
     anyhow::ensure!(p.function.iter().all(|f| string_ok(f.name) && string_ok(f.filename)), "function names a missing string");
-    let mappings: std::collections::HashSet<u64> = p.mapping.iter().map(|m| m.id).collect();
+    let mappings = ById::new(&p.mapping, |m| m.id);
     anyhow::ensure!(p.mapping.iter().all(|m| string_ok(m.filename) && string_ok(m.build_id)), "mapping names a missing string");
     for location in &p.location {
-        anyhow::ensure!(location.mapping_id == 0 || mappings.contains(&location.mapping_id), "location {} names a missing mapping", location.id);
-        anyhow::ensure!(location.line.iter().all(|l| functions.contains(&l.function_id)), "location {} names a missing function", location.id);
+        anyhow::ensure!(location.mapping_id == 0 || mappings.get(location.mapping_id).is_some(), "location {} names a missing mapping", location.id);
+        anyhow::ensure!(location.line.iter().all(|l| functions.get(l.function_id).is_some()), "location {} names a missing function", location.id);
     }
-    let locations: std::collections::HashSet<u64> = p.location.iter().map(|l| l.id).collect();
+    let locations = ById::new(&p.location, |l| l.id);
     for sample in &p.sample {
         anyhow::ensure!(sample.value.len() == p.sample_type.len(), "a sample has {} values for {} sample types", sample.value.len(), p.sample_type.len());
-        anyhow::ensure!(sample.location_id.iter().all(|id| locations.contains(id)), "a sample names a missing location");
+        anyhow::ensure!(sample.location_id.iter().all(|&id| locations.get(id).is_some()), "a sample names a missing location");
         anyhow::ensure!(sample.label.iter().all(|l| string_ok(l.key) && string_ok(l.str)), "a label names a missing string");
     }
     anyhow::ensure!(p.comment.iter().all(|&c| string_ok(c)), "a comment names a missing string");

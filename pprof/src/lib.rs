@@ -1,4 +1,5 @@
 //! pprof profile tools shared by the agent and the collector.
+mod by_id;
 mod codec;
 mod held;
 mod merge;
@@ -6,6 +7,7 @@ mod select;
 mod strings;
 mod views;
 
+pub use by_id::ById;
 pub use codec::{decode, decode_gzip, encode_gzip};
 pub use held::{average_held, held_values, is_held, kind_holds};
 pub use merge::merge;

@@ -2,7 +2,7 @@
 //! stored once (see `schema`), and the sample a row of labels, stack hash and values; a merged
 //! answer's rows become a pprof profile again, frames, inlined lines and mappings as they were.
 use anyhow::{Context as _, Result};
-use ember_pprof::{string, FastMap, StringIndex};
+use ember_pprof::{string, ById, FastMap, StringIndex};
 use ember_proto::pprof::{Function, Label, Line, Location, Mapping, Profile, Sample};
 
 use super::row_binary::{Reader, Writer};
@@ -21,12 +21,14 @@ pub struct Stack {
     pub locations: Vec<u64>,
 }
 
-/// One entry of a stack: function, file, line, binary, build id, address, frame.
-type Entry<'a> = (&'a str, &'a str, i64, &'a str, &'a str, u64, u64);
+/// One entry of a stack: function, file, line, binary, build id, address, frame; its strings
+/// as `S` (text, string table indexes, or their hashes).
+type Entry<S> = (S, S, i64, S, S, u64, u64);
 
-/// A frame's hash, fed its entries (FNV-1a, each field ended): every collector computes it
-/// alike. A stack's hash mixes its frames' in order (`mix`), so that each frame of a profile
-/// is hashed once however many stacks hold it.
+/// A frame's hash, fed its entries with each string hashed alone (`string_hash`), so that a
+/// profile's strings are hashed once each however many frames share them: every collector
+/// computes it alike. A stack's hash mixes its frames' in order (`mix`), so that each frame of
+/// a profile is hashed once however many stacks hold it.
 struct FrameHash(u64);
 
 impl FrameHash {
@@ -34,20 +36,16 @@ impl FrameHash {
         FrameHash(0xcbf2_9ce4_8422_2325)
     }
 
-    fn eat(&mut self, bytes: &[u8]) {
-        for &b in bytes.iter().chain(&[0xff]) {
-            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+    fn entry(&mut self, (function, file, line, binary, build_id, address, _): Entry<u64>) {
+        for word in [function, file, line as u64, binary, build_id, address] {
+            self.0 = mix(self.0, word);
         }
     }
+}
 
-    fn entry(&mut self, (function, file, line, binary, build_id, address, _): Entry) {
-        self.eat(function.as_bytes());
-        self.eat(file.as_bytes());
-        self.eat(&line.to_le_bytes());
-        self.eat(binary.as_bytes());
-        self.eat(build_id.as_bytes());
-        self.eat(&address.to_le_bytes());
-    }
+/// FNV-1a of a string.
+fn string_hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, b| (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// A stack's hash so far, and its next frame's.
@@ -61,7 +59,8 @@ impl Stack {
     fn hash(&self) -> u64 {
         let (mut stack, mut frame) = (0, FrameHash::new());
         for i in 0..self.functions.len() {
-            frame.entry((&self.functions[i], &self.files[i], self.lines[i], &self.binaries[i], &self.build_ids[i], self.addresses[i], self.locations[i]));
+            let h = |texts: &[String]| string_hash(&texts[i]);
+            frame.entry((h(&self.functions), h(&self.files), self.lines[i], h(&self.binaries), h(&self.build_ids), self.addresses[i], self.locations[i]));
             if self.locations.get(i + 1) != Some(&self.locations[i]) {
                 stack = mix(stack, frame.0);
                 frame = FrameHash::new();
@@ -70,7 +69,7 @@ impl Stack {
         stack
     }
 
-    fn push(&mut self, (function, file, line, binary, build_id, address, frame): Entry) {
+    fn push(&mut self, (function, file, line, binary, build_id, address, frame): Entry<&str>) {
         self.functions.push(function.to_string());
         self.files.push(file.to_string());
         self.lines.push(line);
@@ -124,29 +123,35 @@ pub struct Rows {
 /// The profile's rows; of its stacks, only those `wanted` (by hash) are built.
 pub fn rows(profile: &Profile, wanted: &dyn Fn(u64) -> bool) -> Rows {
     let s = |i: i64| string(&profile.string_table, i);
-    let functions: FastMap<u64, &Function> = profile.function.iter().map(|f| (f.id, f)).collect();
-    let mappings: FastMap<u64, &Mapping> = profile.mapping.iter().map(|m| (m.id, m)).collect();
-    let locations: FastMap<u64, &Location> = profile.location.iter().map(|l| (l.id, l)).collect();
-    // Hands each entry of a frame (the `frame`th of its stack) to `visit`.
-    let entries = |location: &Location, frame: u64, visit: &mut dyn FnMut(Entry)| {
-        let mapping = mappings.get(&location.mapping_id);
-        let (binary, build_id) = (mapping.map_or("", |m| s(m.filename)), mapping.map_or("", |m| s(m.build_id)));
+    let functions = ById::new(&profile.function, |f| f.id);
+    let mappings = ById::new(&profile.mapping, |m| m.id);
+    let locations = ById::new(&profile.location, |l| l.id);
+    // Hands each entry of a frame (the `frame`th of its stack) to `visit`, its strings as
+    // string table indexes (0 is "").
+    let entries = |location: &Location, frame: u64, visit: &mut dyn FnMut(Entry<i64>)| {
+        let mapping = mappings.get(location.mapping_id);
+        let (binary, build_id) = (mapping.map_or(0, |m| m.filename), mapping.map_or(0, |m| m.build_id));
         if location.line.is_empty() {
-            visit(("", "", -1, binary, build_id, location.address, frame));
+            visit((0, 0, -1, binary, build_id, location.address, frame));
         }
         for line in &location.line {
-            let function = functions.get(&line.function_id);
+            let function = functions.get(line.function_id);
             // A line below 0 is no line (0), not the -1 of a frame without lines.
-            visit((function.map_or("", |f| s(f.name)), function.map_or("", |f| s(f.filename)), line.line.max(0), binary, build_id, location.address, frame));
+            visit((function.map_or(0, |f| f.name), function.map_or(0, |f| f.filename), line.line.max(0), binary, build_id, location.address, frame));
         }
     };
-    let frame_hashes: FastMap<u64, u64> = profile
+    let string_hashes: Vec<u64> = profile.string_table.iter().map(|text| string_hash(text)).collect();
+    let h = |i: i64| usize::try_from(i).ok().and_then(|i| string_hashes.get(i).copied()).unwrap_or_else(|| string_hash(""));
+    // By the location's position among the profile's locations.
+    let frame_hashes: Vec<u64> = profile
         .location
         .iter()
         .map(|location| {
             let mut hash = FrameHash::new();
-            entries(location, 0, &mut |entry| hash.entry(entry));
-            (location.id, hash.0)
+            entries(location, 0, &mut |(function, file, line, binary, build_id, address, frame)| {
+                hash.entry((h(function), h(file), line, h(binary), h(build_id), address, frame))
+            });
+            hash.0
         })
         .collect();
     let mut out = Rows::default();
@@ -155,11 +160,13 @@ pub fn rows(profile: &Profile, wanted: &dyn Fn(u64) -> bool) -> Rows {
         let hash = match known.get(sample.location_id.as_slice()) {
             Some(&hash) => hash,
             None => {
-                let hash = sample.location_id.iter().filter_map(|id| frame_hashes.get(id)).fold(0, |stack, &frame| mix(stack, frame));
+                let hash = sample.location_id.iter().filter_map(|&id| locations.position(id)).fold(0, |stack, at| mix(stack, frame_hashes[at]));
                 if wanted(hash) && !out.stacks.contains_key(&hash) {
                     let mut stack = Stack::default();
-                    for (frame, location) in sample.location_id.iter().filter_map(|id| locations.get(id)).enumerate() {
-                        entries(location, frame as u64, &mut |entry| stack.push(entry));
+                    for (frame, location) in sample.location_id.iter().filter_map(|&id| locations.get(id)).enumerate() {
+                        entries(location, frame as u64, &mut |(function, file, line, binary, build_id, address, frame)| {
+                            stack.push((s(function), s(file), line, s(binary), s(build_id), address, frame))
+                        });
                     }
                     out.stacks.insert(hash, stack);
                 }
