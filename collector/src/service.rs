@@ -50,23 +50,26 @@ impl Collector for CollectorService {
             return Err(Status::invalid_argument("push with an empty agent_id"));
         }
         // A bad profile is refused alone: the others of the request are stored, and the agent
-        // learns exactly which were refused and why.
+        // learns exactly which were refused and why. Decompressing and decoding are the
+        // push's heaviest work: on the blocking pool, with the storing, not the async threads.
+        let store = self.store.clone();
         let now_ns = now_ns();
-        let (mut good, mut refused) = (Vec::new(), Vec::new());
-        for profile in request.profiles {
-            match check(&profile, now_ns) {
-                Ok((totals, decoded)) => good.push(Checked { profile, totals, decoded: Some(decoded) }),
-                Err(reason) => {
-                    tracing::warn!(agent = agent.agent_id, sequence = profile.sequence, "refused a profile: {reason}");
-                    refused.push(Refusal { sequence: profile.sequence, reason });
+        let (stored, refused) = tokio::task::spawn_blocking(move || {
+            let (mut good, mut refused) = (Vec::new(), Vec::new());
+            for profile in request.profiles {
+                match check(&profile, now_ns) {
+                    Ok((totals, decoded)) => good.push(Checked { profile, totals, decoded: Some(decoded) }),
+                    Err(reason) => {
+                        tracing::warn!(agent = agent.agent_id, sequence = profile.sequence, "refused a profile: {reason}");
+                        refused.push(Refusal { sequence: profile.sequence, reason });
+                    }
                 }
             }
-        }
-        let store = self.store.clone();
-        let stored = tokio::task::spawn_blocking(move || store.put(&agent, &good))
-            .await
-            .map_err(|e| Status::internal(format!("store task failed: {e}")))?
-            .map_err(|e| Status::unavailable(format!("storing failed: {e:#}")))?;
+            store.put(&agent, &good).map(|stored| (stored, refused))
+        })
+        .await
+        .map_err(|e| Status::internal(format!("store task failed: {e}")))?
+        .map_err(|e| Status::unavailable(format!("storing failed: {e:#}")))?;
         Ok(Response::new(PushResponse { stored_through: stored.stored_through, duplicates: stored.duplicates, held: stored.held, refused }))
     }
 }
