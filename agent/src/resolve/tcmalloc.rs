@@ -159,6 +159,24 @@ mod tests {
     }
 
     #[test]
+    fn a_library_shaped_like_tcmalloc_is_probed_on_its_calls_and_on_its_functions_where_they_are_not_found() {
+        // fuzz/seeds/tcmalloc-sampled-path.c: malloc's `call DLL_Prepend@plt` at 0x1087 after
+        // `lea head(%rip),%rdi` (head at 0x40e0), free's `call DLL_Remove@plt` at 0x109b.
+        let seed = concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz/corpus/elf_file/tcmalloc-sampled-path");
+        let mut bytes = std::fs::read(seed).unwrap();
+        let sites = |bytes: &[u8]| {
+            let file = super::super::vdso::memory_file(c"seed", bytes).unwrap();
+            let path = crate::resolve::allocator::functions_in(&file).and_then(|(_, path)| path).expect("a sampled path");
+            (path.head, path.grows.offset, path.shrinks.offset)
+        };
+        assert_eq!(sites(&bytes), (0x40e0, 0x1087, 0x109b));
+        // Without the sampled mark's test before it, the free's call is not trusted: the probe
+        // goes on DLL_Remove itself (at 0x103d).
+        bytes[0x1091..0x1095].copy_from_slice(&[0x90; 4]);
+        assert_eq!(sites(&bytes), (0x40e0, 0x1087, 0x103d));
+    }
+
+    #[test]
     fn a_sampled_mark_test_is_recognised_through_any_base_register() {
         // testb $0x4,0x2b(%rbp); testb $0x4,0x2b(%r12) (41 f6 44 24 2b 04); the same with another bit.
         assert!(tests_sampled_mark(&[0x90, 0xf6, 0x45, 0x2b, 0x04, 0x74, 0x2c]));
