@@ -124,13 +124,20 @@ fn debian_library(name: &str) -> std::path::PathBuf {
 #[test]
 fn preloaded_jemalloc_and_tcmalloc_are_probed_and_give_the_split_and_the_leak() {
     require_root();
-    for library in ["libjemalloc.so.2", "libtcmalloc_minimal.so.4"] {
+    // jemalloc with its own profiling on too: Ember cannot use its sampled path, probes every
+    // call as without it, and says why.
+    for (library, malloc_conf) in [("libjemalloc.so.2", None), ("libjemalloc.so.2", Some("prof:true")), ("libtcmalloc_minimal.so.4", None)] {
         let path = debian_library(library);
         let mut command = Command::new(FIXTURE);
         command.env("LD_PRELOAD", &path);
+        if let Some(conf) = malloc_conf {
+            command.env("MALLOC_CONF", conf);
+        }
         let (profile, pid, run, stderr) = record_heap(&TempDir::new("alloc-preloaded"), command, "alloc", &[&LEAK_MIB.to_string()], SAMPLE_MEAN);
         assert_probed_without_steps(&stderr, library);
-        assert_split_and_leak(&profile, pid, &run, library);
+        let said = stderr.contains("jemalloc samples this process's allocations itself");
+        assert_eq!(said, malloc_conf.is_some(), "{library} with MALLOC_CONF {malloc_conf:?}: jemalloc's own sampling said {said}:\n{stderr}");
+        assert_split_and_leak(&profile, pid, &run, &format!("{library} MALLOC_CONF={}", malloc_conf.unwrap_or("")));
     }
 }
 

@@ -21,10 +21,18 @@ use crate::{
 #[derive(Debug)]
 pub struct Allocator {
     pub binary: Arc<Binary>,
+    pub functions: Functions,
+}
+
+/// What a file that defines `malloc` offers the `alloc` group.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Functions {
     /// One per distinct function (glibc's `aligned_alloc` is `memalign`).
-    pub functions: Vec<AllocSite>,
+    pub sites: Vec<AllocSite>,
     /// gperftools tcmalloc's own sampled path, where the file has one.
     pub sampled_path: Option<SampledPath>,
+    /// jemalloc's (it defines `mallctl`), whose own sampling Ember cannot use.
+    pub is_jemalloc: bool,
 }
 
 /// The functions probed, by symbol. C++'s `new` and `delete` count where the allocator defines
@@ -60,8 +68,8 @@ pub fn find(binaries: &[Arc<Binary>]) -> Option<Allocator> {
     for binary in ordered {
         let Ok(file) = binary.file.try_clone() else { continue };
         // libstdc++ defines `operator new` over libc's malloc: an allocator defines malloc.
-        if let Ok(Some((functions, sampled_path))) = read_with(binary.served, move || functions_in(&file)) {
-            return Some(Allocator { binary: binary.clone(), functions, sampled_path });
+        if let Ok(Some(functions)) = read_with(binary.served, move || functions_in(&file)) {
+            return Some(Allocator { binary: binary.clone(), functions });
         }
     }
     None
@@ -70,14 +78,14 @@ pub fn find(binaries: &[Arc<Binary>]) -> Option<Allocator> {
 /// The probed functions that `file` defines, each function once, and its sampled path if it
 /// has one, if it defines `malloc`. Only bounded reads of the file: its symbol tables and
 /// headers, offsets checked by `object`, and functions' first bytes.
-pub(crate) fn functions_in(file: &File) -> Option<(Vec<AllocSite>, Option<SampledPath>)> {
+pub(crate) fn functions_in(file: &File) -> Option<Functions> {
     let cache = object::read::ReadCache::new(file);
     let elf = object::File::parse(&cache).ok()?;
     let segments = executable_segments(&elf);
     let file_offset = |address: u64| segments.iter().find_map(|s| s.file_offset_of(address));
     let mut found: Vec<AllocSite> = Vec::new();
     let mut starts: Vec<u64> = Vec::new();
-    let mut malloc = false;
+    let (mut malloc, mut is_jemalloc) = (false, false);
     let mut sampled_path_symbols: HashMap<&str, u64> = HashMap::new();
     for symbol in elf.dynamic_symbols().chain(elf.symbols()) {
         if symbol.is_undefined() || symbol.address() == 0 {
@@ -90,6 +98,7 @@ pub(crate) fn functions_in(file: &File) -> Option<(Vec<AllocSite>, Option<Sample
         if symbol.kind() != SymbolKind::Text {
             continue;
         }
+        is_jemalloc |= name == "mallctl";
         let Some(&(function, probe)) = FUNCTIONS.iter().find(|(n, _)| *n == name) else { continue };
         let Some(offset) = file_offset(symbol.address()) else { continue };
         malloc |= name == "malloc";
@@ -99,7 +108,7 @@ pub(crate) fn functions_in(file: &File) -> Option<(Vec<AllocSite>, Option<Sample
         }
     }
     let sampled_path = SampledPath::find(&elf, file, &sampled_path_symbols, file_offset, |function, probe, offset| site(file, function, probe, offset));
-    malloc.then_some((found, sampled_path))
+    malloc.then_some(Functions { sites: found, sampled_path, is_jemalloc })
 }
 
 /// Where `probe` goes in the function at `offset` (`probe_site`): a free's reads its argument;
@@ -131,8 +140,8 @@ mod tests {
 
     #[test]
     fn glibc_defines_each_allocation_function_once_by_offset() {
-        let (functions, sampled_path) = functions_in(&File::open(own_libc()).unwrap()).expect("libc defines malloc");
-        assert_eq!(sampled_path, None);
+        let Functions { sites: functions, sampled_path, is_jemalloc } = functions_in(&File::open(own_libc()).unwrap()).expect("libc defines malloc");
+        assert_eq!((sampled_path, is_jemalloc), (None, false));
         let count = |probe| functions.iter().filter(|f| f.probe == probe).count();
         assert_eq!(count(AllocProbe::Allocates(allocator_call::MALLOC)), 2, "malloc and valloc: {functions:?}");
         assert_eq!(count(AllocProbe::Allocates(allocator_call::CALLOC)), 1);
@@ -148,7 +157,7 @@ mod tests {
 
     #[test]
     fn glibcs_malloc_and_free_are_probed_where_the_kernel_need_not_step() {
-        let (functions, _) = functions_in(&File::open(own_libc()).unwrap()).expect("libc defines malloc");
+        let functions = functions_in(&File::open(own_libc()).unwrap()).expect("libc defines malloc").sites;
         // glibc 2.36's malloc opens with a push; its free with `test %rdi,%rdi`, which is
         // stepped, and a `je`, which is not.
         let probed = |probe| functions.iter().filter(|f| f.probe == probe).collect::<Vec<_>>();

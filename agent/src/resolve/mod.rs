@@ -8,6 +8,7 @@ mod call_sites;
 mod cgroups;
 mod code_areas;
 mod interval;
+mod jemalloc;
 mod life;
 mod open;
 mod perf_map;
@@ -151,7 +152,12 @@ impl Resolver {
                 self.sampler.set_alloc_mean(pid, sampling.period);
                 sampling.sites.to_vec()
             }
-            None => found.functions.clone(),
+            None => {
+                if found.functions.is_jemalloc && jemalloc::profiling_on(pid) {
+                    tracing::info!(pid, "jemalloc samples this process's allocations itself (MALLOC_CONF prof:true), but exports no function of its sampled path: every allocator call is probed");
+                }
+                found.functions.sites.clone()
+            }
         };
         let probes = self.sampler.probe_allocator(pid, &found.binary.open_path(), &sites)?;
         // Functions whose probe the kernel steps (no emulated instruction found to put it on).
@@ -163,7 +169,7 @@ impl Resolver {
     /// tcmalloc's own sampling in process `pid`, if its allocator has a sampled path and it
     /// is on there; says why not where it has one.
     fn own_sampling(&self, pid: u32, found: &allocator::Allocator) -> Option<tcmalloc::Sampling> {
-        let path = found.sampled_path.as_ref()?;
+        let path = found.functions.sampled_path.as_ref()?;
         let anchor_at = self.processes.address_of(pid, &found.binary, path.anchor_offset())?;
         match path.in_process(pid, anchor_at) {
             Ok(Some(sampling)) => Some(sampling),

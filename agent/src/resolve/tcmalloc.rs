@@ -148,8 +148,8 @@ mod tests {
     fn debians_tcmalloc_is_probed_on_the_two_calls_of_its_sampled_path() {
         let path = format!("/usr/lib/{}-linux-gnu/libtcmalloc.so.4", std::env::consts::ARCH);
         let file = File::open(&path).expect("setup installs libgoogle-perftools4");
-        let (_, sampled_path) = crate::resolve::allocator::functions_in(&file).expect("tcmalloc defines malloc");
-        let path = sampled_path.expect("the full tcmalloc has a sampled path");
+        let functions = crate::resolve::allocator::functions_in(&file).expect("tcmalloc defines malloc");
+        let path = functions.sampled_path.expect("the full tcmalloc has a sampled path");
         for site in [path.grows, path.shrinks] {
             let mut opcode = [0u8];
             file.read_at(&mut opcode, site.offset).unwrap();
@@ -166,7 +166,7 @@ mod tests {
         let mut bytes = std::fs::read(seed).unwrap();
         let sites = |bytes: &[u8]| {
             let file = super::super::vdso::memory_file(c"seed", bytes).unwrap();
-            let path = crate::resolve::allocator::functions_in(&file).and_then(|(_, path)| path).expect("a sampled path");
+            let path = crate::resolve::allocator::functions_in(&file).and_then(|f| f.sampled_path).expect("a sampled path");
             (path.head, path.grows.offset, path.shrinks.offset)
         };
         assert_eq!(sites(&bytes), (0x40e0, 0x1087, 0x109b));
