@@ -8,7 +8,7 @@ use crate::{
     maps_line::MapsLine,
     kernel::{tracefs::Format, Btf},
     resolve::{
-        allocator_sites, build_id_of, from_cgroup_path, memory_file,
+        allocator_sites, build_id_of, from_cgroup_path, jemalloc_profiling_in, memory_file,
         probe_site::{self, RDI}, own_pid, parse_stat, pods::Pods, python_parsers as python, relabel::Relabeler, PerfMap,
     },
     settings::FileConfig,
@@ -114,11 +114,13 @@ pub fn perf_map(data: &[u8]) {
     assert!(functions.windows(2).all(|w| w[0].1 <= w[1].0), "overlapping functions");
 }
 
-/// /proc/<pid>/stat and status, whose command name the process chooses.
+/// /proc/<pid>/stat and status, whose command name the process chooses, and environ, which
+/// it writes.
 pub fn proc_files(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     let _ = parse_stat(&text);
     let _ = own_pid(&text);
+    let _ = jemalloc_profiling_in(data);
 }
 
 /// What a Python process's memory holds for the namer: line tables of each version at any

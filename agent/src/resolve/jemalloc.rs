@@ -18,7 +18,7 @@ pub fn profiling_on(pid: u32) -> bool {
 }
 
 /// Whether an environment (NUL-separated `NAME=value`s) sets `MALLOC_CONF` with `prof:true`.
-fn profiling_in(environ: &[u8]) -> bool {
+pub(crate) fn profiling_in(environ: &[u8]) -> bool {
     let conf = environ.split(|&b| b == 0).find_map(|entry| entry.strip_prefix(b"MALLOC_CONF="));
     conf.is_some_and(|conf| conf.split(|&b| b == b',').any(|option| option == b"prof:true"))
 }

@@ -38,7 +38,7 @@ pub use targets::Targets;
 #[cfg(fuzzing)]
 pub use targets::from_cgroup_path;
 #[cfg(fuzzing)]
-pub(crate) use {allocator::functions_in as allocator_sites, life::parse_stat, perf_map::{own_pid, PerfMap}, python::fuzzing as python_parsers, vdso::memory_file};
+pub(crate) use {allocator::functions_in as allocator_sites, jemalloc::profiling_in as jemalloc_profiling_in, life::parse_stat, perf_map::{own_pid, PerfMap}, python::fuzzing as python_parsers, vdso::memory_file};
 
 use crate::{
     kernel::{tracefs::Format, Announcements, HostStat, KernelSettings, Sampler},
