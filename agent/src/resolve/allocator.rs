@@ -107,8 +107,11 @@ pub(crate) fn functions_in(file: &File) -> Option<Functions> {
             found.push(site(file, function, probe, offset));
         }
     }
-    let sampled_path = SampledPath::find(&elf, file, &sampled_path_symbols, file_offset, |function, probe, offset| site(file, function, probe, offset));
-    malloc.then_some(Functions { sites: found, sampled_path, is_jemalloc })
+    // Only an allocator's code is searched for a sampled path.
+    malloc.then(|| {
+        let sampled_path = SampledPath::find(&elf, file, &sampled_path_symbols, file_offset, |function, probe, offset| site(file, function, probe, offset));
+        Functions { sites: found, sampled_path, is_jemalloc }
+    })
 }
 
 /// Where `probe` goes in the function at `offset` (`probe_site`): a free's reads its argument;
