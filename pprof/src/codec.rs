@@ -43,7 +43,11 @@ pub fn encode_gzip(profile: &Profile) -> Vec<u8> {
 
 /// Decodes untrusted bytes, with the decompressed size bounded (a gzip bomb is an error).
 pub fn decode_gzip(bytes: &[u8], max_decompressed: u64) -> Result<Profile> {
-    let mut raw = Vec::new();
+    // Sized once from the trailer's length (mod 2^32, and a sender may lie: bounded by the
+    // limit and by deflate's best ratio), not grown by doubling, which copies the profile
+    // over and over and makes large allocations that cost glibc's malloc a consolidation each.
+    let said = bytes.len().checked_sub(4).map_or(0, |at| u32::from_le_bytes(bytes[at..].try_into().expect("4 bytes")) as u64);
+    let mut raw = Vec::with_capacity(said.min(max_decompressed).min(bytes.len() as u64 * 1032) as usize);
     GzDecoder::new(bytes).take(max_decompressed + 1).read_to_end(&mut raw).context("profile is not gzipped")?;
     anyhow::ensure!(raw.len() as u64 <= max_decompressed, "profile decompresses past the {} MiB limit", max_decompressed >> 20);
     decode(&raw)
@@ -108,5 +112,16 @@ mod tests {
             assert_eq!(decode_gzip(&gzip, 64 << 20).unwrap(), p, "{samples} samples");
         }
         assert_eq!(encode_gzip(&profile(1000)), encode_gzip(&profile(1000)), "the same profile, the same bytes");
+    }
+
+    #[test]
+    fn a_trailer_that_lies_about_the_length_is_an_error() {
+        let mut gzip = encode_gzip(&profile(1000));
+        let at = gzip.len() - 4;
+        for said in [0, 1, u32::MAX] {
+            gzip[at..].copy_from_slice(&said.to_le_bytes());
+            assert!(decode_gzip(&gzip, 64 << 20).is_err(), "length {said}");
+        }
+        assert!(decode_gzip(&gzip[..3], 64 << 20).is_err(), "a cut header");
     }
 }

@@ -35,6 +35,11 @@ impl ClickHouseServer {
         ClickHouseServer::start_on(dir, [free_address(), free_address(), free_address()], String::new())
     }
 
+    /// A server under `dir` with `xml` added to its configuration.
+    pub fn start_configured(dir: &Path, xml: &str) -> ClickHouseServer {
+        ClickHouseServer::start_on(dir, [free_address(), free_address(), free_address()], xml.to_string())
+    }
+
     /// Today's ClickHouse engine (chdb) with its data under `dir`, answering over HTTP.
     pub fn current(dir: &Path) -> ClickHouseServer {
         std::fs::create_dir_all(dir).unwrap();
@@ -78,9 +83,9 @@ impl ClickHouseServer {
             .collect()
     }
 
-    /// A server on (http, tcp, interserver) ports; `cluster` is XML put in its config as is
-    /// (the clusters it knows, its ZooKeeper and macros).
-    fn start_on(dir: &Path, [http, tcp, interserver]: [SocketAddr; 3], cluster: String) -> ClickHouseServer {
+    /// A server on (http, tcp, interserver) ports; `extra` is XML put in its config as is
+    /// (the clusters it knows, its ZooKeeper and macros, limits).
+    fn start_on(dir: &Path, [http, tcp, interserver]: [SocketAddr; 3], extra: String) -> ClickHouseServer {
         std::fs::create_dir_all(dir.join("data")).unwrap();
         let d = dir.display();
         let config = format!(
@@ -92,7 +97,7 @@ impl ClickHouseServer {
   <users_config>/etc/clickhouse-server/users.xml</users_config>
   <default_profile>default</default_profile><default_database>default</default_database>
   <mark_cache_size>5368709120</mark_cache_size>
-  {cluster}
+  {extra}
 </yandex>
 ",
             http.port(),

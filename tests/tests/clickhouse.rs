@@ -141,6 +141,69 @@ fn two_collectors_taking_the_same_profiles_at_once_store_them_once() {
     }
 }
 
+/// A collector stores a push that goes on from its own last one without asking ClickHouse what
+/// is stored: an agent back on it after another collector stored its next push unacknowledged
+/// sends that push again, and it is stored twice. Reads keep one copy.
+#[test]
+fn a_push_stored_by_two_collectors_one_of_which_went_on_from_its_own_last_counts_once() {
+    let dir = TempDir::new("ch-continuing");
+    let store = TestStore::clickhouse(&dir);
+    let (grpc, http) = ([free_address(), free_address()], [free_address(), free_address()]);
+    let _collectors = [0, 1].map(|i| CollectorProcess::start_with_http(grpc[i], http[i], &store, &[]));
+    let start = now() - 1200;
+    let batch = |numbers: std::ops::RangeInclusive<u64>| numbers.map(|n| profile(n, start + n as i64 * 10, n as i64, &[])).collect::<Vec<_>>();
+    assert_eq!(push(grpc[0], "back", 3, batch(1..=5)).stored_through, 5);
+    assert_eq!(push(grpc[1], "back", 3, batch(6..=10)).stored_through, 10, "the second collector asks ClickHouse");
+    let again = push(grpc[0], "back", 3, batch(6..=10));
+    assert_eq!((again.held.len(), again.refused.len()), (5, 0), "{again:?}");
+    let copies: u64 = server(&store).query("SELECT count() FROM ember_test.profiles WHERE sequence > 5").trim().parse().unwrap();
+    assert_eq!(copies, 10, "the first collector went on from its own last push without asking");
+    let expected: i64 = (1..=10).sum();
+    for http in http {
+        assert_eq!(total(http, ""), (200, expected), "each profile once, whichever collector answers");
+    }
+    assert_eq!(stored(&store), (1..=10).map(|n| ("back".to_string(), n)).collect::<Vec<_>>());
+    // Out of line with its last push (a retry of it), the collector asks again.
+    let retry = push(grpc[0], "back", 3, batch(6..=10));
+    assert_eq!((retry.duplicates, retry.stored_through), (5, 10), "{retry:?}");
+}
+
+/// Four hundred agents' first pushes at once, each asking ClickHouse what is stored: all held.
+/// ClickHouse closes the connections past those its handler threads and its queue of 64 take
+/// (32 threads here; a busy server starts its threads too slowly for such a burst), so each
+/// collector bounds its own.
+#[test]
+fn four_hundred_agents_pushing_at_once_are_all_stored() {
+    let dir = TempDir::new("ch-thousand");
+    let server = ClickHouseServer::start_configured(&dir.path("clickhouse"), "<max_connections>32</max_connections>");
+    let store = TestStore::ClickHouse { server, database: "ember_test".into(), cluster: None, replicated: false };
+    let (grpc, http) = (free_address(), free_address());
+    let _collector = CollectorProcess::start_with_http(grpc, http, &store, &[]);
+    const AGENTS: u64 = 400;
+    let start = now() - 1200;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let answers: Vec<PushResponse> = runtime.block_on(async {
+        let mut connections = Vec::new();
+        for _ in 0..8 {
+            connections.push(CollectorClient::connect(format!("http://{grpc}")).await.unwrap());
+        }
+        let pushes: Vec<_> = (1..=AGENTS)
+            .map(|n| {
+                let mut client = connections[n as usize % connections.len()].clone();
+                let agent = AgentIdentity { agent_id: format!("agent-{n}"), hostname: format!("host-{n}"), spool_id: n, ..Default::default() };
+                tokio::spawn(async move { client.push(PushRequest { agent: Some(agent), profiles: vec![profile(1, start, 1, &[])] }).await })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for push in pushes {
+            answers.push(push.await.unwrap().expect("a push refused").into_inner());
+        }
+        answers
+    });
+    assert!(answers.iter().all(|a| a.stored_through == 1 && a.refused.is_empty()), "{:?}", answers.iter().find(|a| a.stored_through != 1));
+    assert_eq!(total(http, ""), (200, AGENTS as i64));
+}
+
 #[test]
 fn retention_drops_whole_days_and_a_late_retry_is_not_stored_again() {
     let dir = TempDir::new("ch-retention");

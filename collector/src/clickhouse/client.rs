@@ -16,6 +16,11 @@ type Http = HttpClient<Full<Bytes>>;
 const MAX_ANSWER: usize = 1 << 30;
 /// A call without a query deadline (ingest, schema, retention) gives up after this.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Calls in flight at once, at most; the others wait their turn. ClickHouse closes the
+/// connections it cannot take (a thousand agents' first pushes at once, each asking what is
+/// stored, opened some 500), and runs at most 100 queries at once by default, for all the
+/// collectors it serves.
+const MAX_IN_FLIGHT: usize = 16;
 
 /// Where ClickHouse is and who the collector is there.
 #[derive(Clone)]
@@ -36,6 +41,7 @@ pub struct External<'a> {
 
 pub struct Client {
     http: Http,
+    in_flight: tokio::sync::Semaphore,
     /// Settings sent with every call.
     settings: Vec<(String, String)>,
     base: Uri,
@@ -51,7 +57,7 @@ impl Client {
         let http = http_client()?;
         let credentials = format!("{}:{}", connection.user, connection.password);
         let settings = settings.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Ok(Client { http, settings, base, authorization: format!("Basic {}", base64(credentials.as_bytes())) })
+        Ok(Client { http, in_flight: tokio::sync::Semaphore::new(MAX_IN_FLIGHT), settings, base, authorization: format!("Basic {}", base64(credentials.as_bytes())) })
     }
 
     /// Runs a statement or query (its text from the collector alone), with `external` tables
@@ -97,6 +103,7 @@ impl Client {
         let request = request.body(Full::new(Bytes::from(body))).context("building a ClickHouse request")?;
         let timeout = deadline.map_or(DEFAULT_TIMEOUT, |d| d.saturating_duration_since(Instant::now()));
         let exchange = async {
+            let _turn = self.in_flight.acquire().await.context("ClickHouse client closed")?;
             let response = self.http.request(request).await.context("ClickHouse did not answer")?;
             let status = response.status();
             let body = Limited::new(response.into_body(), MAX_ANSWER).collect().await.map_err(|e| anyhow::anyhow!("reading ClickHouse's answer: {e}"))?;

@@ -26,6 +26,9 @@ const MAX_AHEAD: u64 = 100_000;
 /// (day, stack) pairs a collector remembers having stored (about 40 MB); past it, it forgets
 /// them all and sends each stack once more.
 const MAX_KNOWN_STACKS: usize = 1 << 20;
+/// Origins whose watermark a collector remembers (some 100 bytes each); past it, it forgets
+/// them all and asks ClickHouse again.
+const MAX_CONTINUING: usize = 1 << 18;
 
 /// The rows of one push, per table.
 #[derive(Default)]
@@ -41,11 +44,11 @@ impl Batch {
         let start = profile.start_unix_nanos.max(0) as u64;
         let mut labels: Vec<(&String, &String)> = profile.labels.iter().collect();
         labels.sort_unstable();
-        let key = |w: &mut Writer| {
-            w.date(start).u64(start).u64(profile.end_unix_nanos.max(0) as u64).str(&profile.kind).str(origin).u64(profile.sequence).u64(attempt);
-            w.str(&agent.agent_id).str(&agent.hostname);
-            w.strs(labels.iter().map(|l| l.0.as_str())).strs(labels.iter().map(|l| l.1.as_str()));
-        };
+        // The columns every row of the profile starts with, written once.
+        let mut key = Writer::default();
+        key.date(start).u64(start).u64(profile.end_unix_nanos.max(0) as u64).str(&profile.kind).str(origin).u64(profile.sequence).u64(attempt);
+        key.str(&agent.agent_id).str(&agent.hostname);
+        key.strs(labels.iter().map(|l| l.0.as_str())).strs(labels.iter().map(|l| l.1.as_str()));
         let day = start / 86_400_000_000_000;
         let rows = rows(pprof, &|hash| !known.contains(&(day, hash)) && !self.stacks.contains_key(&(day, hash)));
         let samples = rows.samples.len() as u64;
@@ -53,15 +56,15 @@ impl Batch {
             self.stacks.entry((day, hash)).or_insert(stack);
         }
         for (stack, sample_labels, values) in &rows.samples {
-            key(&mut self.samples);
             let w = &mut self.samples;
+            w.0.extend_from_slice(&key.0);
             w.strs(sample_labels.keys.iter().map(String::as_str)).strs(sample_labels.values.iter().map(String::as_str));
             w.strs(sample_labels.num_keys.iter().map(String::as_str)).i64s(&sample_labels.nums);
             w.u64(*stack).i64s(values);
         }
-        key(&mut self.profiles);
         let s = |i: i64| ember_pprof::string(&pprof.string_table, i);
         let w = &mut self.profiles;
+        w.0.extend_from_slice(&key.0);
         w.strs(pprof.sample_type.iter().map(|t| s(t.r#type))).strs(pprof.sample_type.iter().map(|t| s(t.unit)));
         let period = pprof.period_type.unwrap_or_default();
         w.str(s(period.r#type)).str(s(period.unit)).i64(pprof.period).i64s(totals).u64(samples);
@@ -83,8 +86,17 @@ impl ClickHouse {
     pub(super) fn put(&self, agent: &AgentIdentity, profiles: &[Checked]) -> Result<Stored> {
         let origin = origin(agent);
         let horizon = self.horizon.load(Ordering::Relaxed);
-        let through = self.watermark(&origin)?;
-        let stored = self.stored_after(&origin, through)?;
+        let first = profiles.iter().map(|c| c.profile.sequence).min();
+        // Taken out while this push is stored: another push of the origin at the same time
+        // asks ClickHouse.
+        let continued = self.continuing.lock().unwrap_or_else(|e| e.into_inner()).remove(&origin);
+        let (through, stored) = match continued {
+            Some(through) if first == Some(through + 1) => (through, HashSet::new()),
+            _ => {
+                let through = self.watermark(&origin)?;
+                (through, self.stored_after(&origin, through)?)
+            }
+        };
         let attempt = unique_id();
         let (mut batch, mut taken, mut result) = (Batch::default(), Vec::new(), Stored::default());
         let known = self.stacks_stored.read().unwrap_or_else(|e| e.into_inner());
@@ -120,6 +132,12 @@ impl ClickHouse {
             known.clear();
         }
         known.extend(new);
+        drop(known);
+        let mut continuing = self.continuing.lock().unwrap_or_else(|e| e.into_inner());
+        if continuing.len() >= MAX_CONTINUING {
+            continuing.clear();
+        }
+        continuing.insert(origin, after);
         result.stored_through = after;
         Ok(result)
     }

@@ -1,6 +1,6 @@
 //! `cargo xtask bench fleet`: the collector as a fleet's store. Ingest: synthetic 10 s
-//! profiles (see `synthetic`) pushed by many simulated hosts at once, in the agents' batches of
-//! 16, for `--seconds`, into the embedded store through one collector and into ClickHouse
+//! profiles (see `synthetic`) pushed by many simulated hosts at once, one profile a push as a
+//! caught-up agent pushes, for `--seconds`, into the embedded store through one collector and into ClickHouse
 //! through one and two collectors; prints the profiles stored per second, the CPU each side
 //! spent, and the disk per stored sample.
 use std::{
@@ -29,11 +29,15 @@ use super::{
 };
 
 /// Simulated hosts pushing at once, per collector: each host's pushes wait for the previous
-/// answer, as an agent's do.
-const HOSTS_PER_COLLECTOR: usize = 32;
+/// answer, as an agent's do. As many as keep a collector busy while each push waits for its
+/// gathering of inserts (see the collector's `clickhouse::inserts`).
+const HOSTS_PER_COLLECTOR: usize = 1024;
+/// Connections per collector the hosts' pushes share (HTTP/2 streams over each).
+const CONNECTIONS: usize = 16;
 /// Distinct profiles, reused round-robin (generating is not what is measured).
 const DISTINCT: usize = 64;
-const BATCH: usize = 16;
+/// Profiles per push: one interval's, as a host's agent pushes once it is caught up.
+const BATCH: usize = 1;
 
 /// What one configuration achieved.
 struct Ingest {
@@ -67,11 +71,15 @@ fn push_for(collectors: &[SocketAddr], profiles: &Arc<Vec<(Vec<u8>, u64)>>, seco
     runtime.block_on(async {
         let mut tasks = Vec::new();
         for (c, &address) in collectors.iter().enumerate() {
+            let mut connections = Vec::new();
+            for _ in 0..CONNECTIONS {
+                connections.push(CollectorClient::connect(format!("http://{address}")).await?);
+            }
             for h in 0..HOSTS_PER_COLLECTOR {
                 let host = c * HOSTS_PER_COLLECTOR + h;
                 let (profiles, stored, samples) = (profiles.clone(), stored.clone(), samples.clone());
+                let mut client = connections[h % CONNECTIONS].clone();
                 tasks.push(tokio::spawn(async move {
-                    let mut client = CollectorClient::connect(format!("http://{address}")).await?;
                     let agent = AgentIdentity { agent_id: format!("host-{host}"), hostname: format!("host-{host}"), spool_id: host as u64 + 1, ..Default::default() };
                     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as i64;
                     let mut sequence = 0u64;
@@ -133,7 +141,7 @@ fn ingest(store: &TestStore, collectors: usize, profiles: &Arc<Vec<(Vec<u8>, u64
 
 pub fn run(seconds: u64) -> Result<()> {
     let dir = empty_dir("fleet")?;
-    println!("bench fleet: {DISTINCT} synthetic 10 s profiles, {HOSTS_PER_COLLECTOR} hosts per collector pushing batches of {BATCH} for {seconds} s each...");
+    println!("bench fleet: {DISTINCT} synthetic 10 s profiles, {HOSTS_PER_COLLECTOR} hosts per collector pushing {BATCH} profile a push for {seconds} s each...");
     let profiles = Arc::new(distinct_profiles());
     let embedded = ingest(&TestStore::Embedded(dir.join("embedded")), 1, &profiles, seconds, None)?;
     let mut rows = vec![("embedded (redb)", 1, embedded)];
