@@ -36,7 +36,7 @@ static RUNTIME: LazyLock<tokio::runtime::Runtime> =
 /// A PushRequest as the gRPC layer hands it over (protobuf bytes), through the real handler
 /// into a real store. Whatever the answer, every profile is accounted for once.
 pub fn push(data: &[u8]) {
-    static SERVICE: LazyLock<CollectorService> = LazyLock::new(|| CollectorService { store: scratch_store("push") });
+    static SERVICE: LazyLock<CollectorService> = LazyLock::new(|| CollectorService::new(scratch_store("push")));
     let Ok(request) = PushRequest::decode(data) else { return };
     let sequences: Vec<u64> = request.profiles.iter().map(|p| p.sequence).collect();
     let Ok(response) = RUNTIME.block_on(SERVICE.push(tonic::Request::new(request))) else { return };

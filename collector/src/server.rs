@@ -77,7 +77,7 @@ pub async fn serve(args: ServeSettings) -> Result<()> {
     server
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(CollectorServer::with_interceptor(service::CollectorService { store }, security::token_check(args.token)))
+        .add_service(CollectorServer::with_interceptor(service::CollectorService::new(store), security::token_check(args.token)))
         .serve_with_shutdown(args.listen, until_stopped())
         .await
         .with_context(|| format!("serving gRPC on {}", args.listen))?;

@@ -17,6 +17,19 @@ const MAX_LABELS: usize = 256;
 
 pub struct CollectorService {
     pub store: Arc<dyn ProfileStore>,
+    /// Pushes being checked and stored at once, at most (`MAX_PUSHES_STORING`): the others
+    /// wait their turn, so that a burst of pushes waits here, not in memory or threads.
+    storing: tokio::sync::Semaphore,
+}
+
+/// Pushes stored at once, at most: with a collector's first pushes each carrying all its stacks
+/// (some 0.5 MB of rows), 256 stay under the rows ClickHouse's store buffers.
+const MAX_PUSHES_STORING: usize = 256;
+
+impl CollectorService {
+    pub fn new(store: Arc<dyn ProfileStore>) -> CollectorService {
+        CollectorService { store, storing: tokio::sync::Semaphore::new(MAX_PUSHES_STORING) }
+    }
 }
 
 /// Checks a pushed (or pulled) profile; returns the totals of its sample values, and its pprof
@@ -51,10 +64,12 @@ impl Collector for CollectorService {
         }
         // A bad profile is refused alone: the others of the request are stored, and the agent
         // learns exactly which were refused and why. Decompressing and decoding are the
-        // push's heaviest work: on the blocking pool, with the storing, not the async threads.
+        // push's heaviest work: on the blocking pool with the storing, not the async threads;
+        // a store's wait for its inserts is awaited here (see `Putting`).
+        let _turn = self.storing.acquire().await.map_err(|_| Status::unavailable("the collector is stopping"))?;
         let store = self.store.clone();
         let now_ns = now_ns();
-        let (stored, refused) = tokio::task::spawn_blocking(move || {
+        let (putting, refused) = tokio::task::spawn_blocking(move || {
             let (mut good, mut refused) = (Vec::new(), Vec::new());
             for profile in request.profiles {
                 match check(&profile, now_ns) {
@@ -65,11 +80,12 @@ impl Collector for CollectorService {
                     }
                 }
             }
-            store.put(&agent, &good).map(|stored| (stored, refused))
+            store.start_put(&agent, &good).map(|putting| (putting, refused))
         })
         .await
         .map_err(|e| Status::internal(format!("store task failed: {e}")))?
         .map_err(|e| Status::unavailable(format!("storing failed: {e:#}")))?;
+        let stored = putting.done().await.map_err(|e| Status::unavailable(format!("storing failed: {e:#}")))?;
         Ok(Response::new(PushResponse { stored_through: stored.stored_through, duplicates: stored.duplicates, held: stored.held, refused }))
     }
 }

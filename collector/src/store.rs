@@ -108,12 +108,35 @@ impl Labels {
     }
 }
 
+/// A put under way: stored, or waiting for the store's own inserting thread (ClickHouse's
+/// gathered inserts), and finished once that answers. A push waits for it on the async
+/// threads, not on a blocking thread of its own: a thousand pushes waiting took the blocking
+/// pool's 512 threads, started and stopped them over and over, and queued the others' checks.
+pub enum Putting {
+    Stored(Stored),
+    Waiting { stored: std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send>>, finish: Box<dyn FnOnce() -> Stored + Send> },
+}
+
+impl Putting {
+    pub async fn done(self) -> Result<Stored> {
+        match self {
+            Putting::Stored(stored) => Ok(stored),
+            Putting::Waiting { stored, finish } => stored.await.map(|()| finish()),
+        }
+    }
+}
+
 /// Every store answers these; each is called on a blocking thread, and a query's work stops
 /// with an error past its deadline.
 pub trait ProfileStore: Send + Sync {
     /// Stores an agent's profiles exactly once: a profile of its spool stored before (by
     /// this collector or another over the same store) is counted as a duplicate.
     fn put(&self, agent: &AgentIdentity, profiles: &[Checked]) -> Result<Stored>;
+
+    /// `put`, handing back what it would wait for (see `Putting`).
+    fn start_put(&self, agent: &AgentIdentity, profiles: &[Checked]) -> Result<Putting> {
+        self.put(agent, profiles).map(Putting::Stored)
+    }
 
     /// Highest sequence N such that the profiles 1..=N of this agent's spool are all stored.
     fn stored_through(&self, agent: &AgentIdentity) -> Result<u64>;

@@ -18,7 +18,7 @@ use super::{
 use super::FastSet;
 use crate::{
     service::MAX_DECOMPRESSED,
-    store::{origin, Checked, Stored},
+    store::{origin, Checked, Putting, Stored},
 };
 
 /// A gap's far side is looked at this far, no further, in one push.
@@ -83,7 +83,7 @@ impl Batch {
 }
 
 impl ClickHouse {
-    pub(super) fn put(&self, agent: &AgentIdentity, profiles: &[Checked]) -> Result<Stored> {
+    pub(super) fn start_put(&self, agent: &AgentIdentity, profiles: &[Checked]) -> Result<Putting> {
         let origin = origin(agent);
         let horizon = self.horizon.load(Ordering::Relaxed);
         let first = profiles.iter().map(|c| c.profile.sequence).min();
@@ -126,20 +126,24 @@ impl ClickHouse {
             watermark.str(&origin).u64(after);
         }
         let (stacks, new) = batch.new_stacks();
-        self.inserts.store([stacks, batch.samples, batch.profiles, watermark])?;
-        let mut known = self.stacks_stored.write().unwrap_or_else(|e| e.into_inner());
-        if known.len() > MAX_KNOWN_STACKS {
-            known.clear();
-        }
-        known.extend(new);
-        drop(known);
-        let mut continuing = self.continuing.lock().unwrap_or_else(|e| e.into_inner());
-        if continuing.len() >= MAX_CONTINUING {
-            continuing.clear();
-        }
-        continuing.insert(origin, after);
-        result.stored_through = after;
-        Ok(result)
+        let stored = self.inserts.gather([stacks, batch.samples, batch.profiles, watermark])?;
+        let (known, continuing) = (self.stacks_stored.clone(), self.continuing.clone());
+        let finish = move || {
+            let mut known = known.write().unwrap_or_else(|e| e.into_inner());
+            if known.len() > MAX_KNOWN_STACKS {
+                known.clear();
+            }
+            known.extend(new);
+            drop(known);
+            let mut continuing = continuing.lock().unwrap_or_else(|e| e.into_inner());
+            if continuing.len() >= MAX_CONTINUING {
+                continuing.clear();
+            }
+            continuing.insert(origin, after);
+            result.stored_through = after;
+            result
+        };
+        Ok(Putting::Waiting { stored: Box::pin(stored), finish: Box::new(finish) })
     }
 
     /// Highest N such that 1..=N of this origin are stored (as last recorded).

@@ -5,11 +5,12 @@
 //! is answered once its rows are stored, or with the error that stopped them. What waits is
 //! bounded: a push that would take the buffer past `MAX_BUFFERED` is refused (retryable).
 use std::{
-    sync::{mpsc, Arc, Condvar, Mutex},
+    sync::{Arc, Condvar, Mutex},
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Result};
+use tokio::sync::oneshot;
 
 use super::{client::Client, row_binary::Writer};
 
@@ -30,7 +31,7 @@ struct Gathering {
     rows: [Writer; 4],
     bytes: usize,
     since: Option<Instant>,
-    waiting: Vec<mpsc::Sender<Result<(), String>>>,
+    waiting: Vec<oneshot::Sender<Result<(), String>>>,
 }
 
 pub struct Inserts {
@@ -60,14 +61,13 @@ impl Inserts {
     }
 
     /// Stores these rows (per table, in TABLES' order) with the other pushes of the moment;
-    /// returns once they are stored.
-    pub fn store(&self, rows: [Writer; 4]) -> Result<()> {
+    /// what it returns completes once they are stored.
+    pub fn gather(&self, rows: [Writer; 4]) -> Result<impl std::future::Future<Output = Result<()>> + Send + 'static> {
         let bytes: usize = rows.iter().map(|r| r.0.len()).sum();
+        let (sender, receiver) = oneshot::channel();
         if bytes == 0 {
-            return Ok(());
-        }
-        let (sender, receiver) = mpsc::channel();
-        {
+            let _ = sender.send(Ok(()));
+        } else {
             let mut gathering = self.gathering.lock().unwrap_or_else(|e| e.into_inner());
             if gathering.bytes + bytes > MAX_BUFFERED {
                 bail!("{} MiB of rows are waiting for ClickHouse already: retry shortly", gathering.bytes >> 20);
@@ -78,13 +78,17 @@ impl Inserts {
             gathering.bytes += bytes;
             gathering.since.get_or_insert_with(Instant::now);
             gathering.waiting.push(sender);
+            drop(gathering);
+            self.arrived.notify_one();
         }
-        self.arrived.notify_one();
-        match receiver.recv_timeout(WAIT) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(error)) => bail!("{error}"),
-            Err(_) => bail!("ClickHouse did not store the rows within {WAIT:?}"),
-        }
+        Ok(async move {
+            match tokio::time::timeout(WAIT, receiver).await {
+                Ok(Ok(Ok(()))) => Ok(()),
+                Ok(Ok(Err(error))) => bail!("{error}"),
+                Ok(Err(_)) => bail!("the ClickHouse insert thread is gone"),
+                Err(_) => bail!("ClickHouse did not store the rows within {WAIT:?}"),
+            }
+        })
     }
 
     /// Waits for a gathering that is due (GATHER after its first push, or large), and takes it.

@@ -39,7 +39,7 @@ pub(crate) mod fuzzing {
     };
 }
 
-use crate::store::{Checked, Labels, Merged, Points, ProfileStore, Selection, Stored};
+use crate::store::{Checked, Labels, Merged, Points, ProfileStore, Putting, Selection, Stored};
 
 pub struct ClickHouse {
     client: Arc<client::Client>,
@@ -54,13 +54,13 @@ pub struct ClickHouse {
     /// (day, stack hash) of the stacks this collector stored: most of a host's stacks repeat
     /// in its every profile, and are not sent again. Only an economy: a stack sent twice is
     /// one row once ClickHouse merges.
-    stacks_stored: RwLock<FastSet<(u64, u64)>>,
+    stacks_stored: Arc<RwLock<FastSet<(u64, u64)>>>,
     /// Origin -> the watermark this collector last stored for it. A push that goes on from
     /// there (an agent sending its spool in order to one collector) is stored without asking
     /// ClickHouse what is stored already, two queries fewer. Only an economy too: a profile of
     /// such a push that another collector stored but never acknowledged is stored twice, and
     /// every read keeps one copy.
-    continuing: Mutex<ember_pprof::FastMap<String, u64>>,
+    continuing: Arc<Mutex<ember_pprof::FastMap<String, u64>>>,
     /// (level, bucket) -> profiles, of the buckets the last round of `roll_due` saw due and
     /// not built: one is built once it holds as many in the next round.
     seen: Mutex<HashMap<(u64, u64), u64>>,
@@ -91,8 +91,8 @@ impl ClickHouse {
             cluster: cluster.cloned(),
             database: database.to_string(),
             horizon: AtomicU64::new(0),
-            stacks_stored: RwLock::default(),
-            continuing: Mutex::default(),
+            stacks_stored: Arc::default(),
+            continuing: Arc::default(),
             seen: Mutex::default(),
         })
     }
@@ -112,7 +112,11 @@ fn unique_id() -> u64 {
 
 impl ProfileStore for ClickHouse {
     fn put(&self, agent: &AgentIdentity, profiles: &[Checked]) -> Result<Stored> {
-        ClickHouse::put(self, agent, profiles)
+        tokio::runtime::Handle::current().block_on(self.start_put(agent, profiles)?.done())
+    }
+
+    fn start_put(&self, agent: &AgentIdentity, profiles: &[Checked]) -> Result<Putting> {
+        ClickHouse::start_put(self, agent, profiles)
     }
 
     fn stored_through(&self, agent: &AgentIdentity) -> Result<u64> {
