@@ -32,7 +32,7 @@ const CHDB_HTTP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/clickhous
 impl ClickHouseServer {
     /// Starts a server with its data under `dir`.
     pub fn start(dir: &Path) -> ClickHouseServer {
-        ClickHouseServer::start_on(dir, [free_address(), free_address(), free_address()], String::new())
+        ClickHouseServer::start_configured(dir, "")
     }
 
     /// A server under `dir` with `xml` added to its configuration.

@@ -91,7 +91,7 @@ impl ClickHouse {
         // asks ClickHouse.
         let continued = self.continuing.lock().unwrap_or_else(|e| e.into_inner()).remove(&origin);
         let (through, stored) = match continued {
-            Some(through) if first == Some(through + 1) => (through, HashSet::new()),
+            Some(through) if first == through.checked_add(1) => (through, HashSet::new()),
             _ => {
                 let through = self.watermark(&origin)?;
                 (through, self.stored_after(&origin, through)?)

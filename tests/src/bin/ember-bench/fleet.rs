@@ -1,8 +1,8 @@
 //! `cargo xtask bench fleet`: the collector as a fleet's store. Ingest: synthetic 10 s
 //! profiles (see `synthetic`) pushed by many simulated hosts at once, one profile a push as a
-//! caught-up agent pushes, for `--seconds`, into the embedded store through one collector and into ClickHouse
-//! through one and two collectors; prints the profiles stored per second, the CPU each side
-//! spent, and the disk per stored sample.
+//! caught-up agent pushes, for `--seconds`, into the embedded store through one collector and
+//! into ClickHouse through one and two collectors; prints the profiles stored per second, the
+//! CPU each side spent, and the disk per stored sample.
 use std::{
     collections::HashMap,
     net::SocketAddr,
